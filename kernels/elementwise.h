@@ -1,0 +1,124 @@
+// Element operations shared by the host backend and the CUDA kernels: 16-bit conversions (round to
+// nearest even, NaN kept quiet, overflow to infinity) and the scaled cast every pack/unpack applies.
+// Written once as __host__ __device__ code so that the host unit tests cover what the GPU runs.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define DDP_HD __host__ __device__ __forceinline__
+#else
+#define DDP_HD inline
+#endif
+
+namespace ddp {
+namespace elem {
+
+DDP_HD uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+DDP_HD float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// bfloat16 is the top half of a float: round the dropped 16 bits to nearest even.
+DDP_HD uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
+  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+DDP_HD float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+
+// IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
+DDP_HD uint16_t f32_to_f16(float f) {
+  uint32_t u = f32_bits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {
+    // Result is subnormal (or zero): value = a * 2^24 in units of the smallest subnormal 2^-24.
+    if (a < 0x33000000u) return sign;  // below half the smallest subnormal: zero
+    uint32_t exp = a >> 23;            // biased f32 exponent, 102..112
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - exp;       // so that mant >> shift is the subnormal count
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
+  uint32_t r = a - 0x38000000u;  // (127-15) << 23
+  uint32_t rounding = 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((r + rounding) >> 13));
+}
+
+DDP_HD float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1fu) return bits_f32(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {
+    if (mant == 0) return bits_f32(sign);
+    // Subnormal: mant * 2^-24, exact in f32.
+    float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return (sign != 0u) ? -v : v;
+  }
+  return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Typed load/store through the storage type of each dtype; arithmetic in float (16/32-bit) or double.
+struct F16 {
+  typedef uint16_t storage;
+  typedef float math;
+  static DDP_HD math load(storage v) { return f16_to_f32(v); }
+  static DDP_HD storage store(math v) { return f32_to_f16(v); }
+};
+struct BF16 {
+  typedef uint16_t storage;
+  typedef float math;
+  static DDP_HD math load(storage v) { return bf16_to_f32(v); }
+  static DDP_HD storage store(math v) { return f32_to_bf16(v); }
+};
+struct F32 {
+  typedef float storage;
+  typedef float math;
+  static DDP_HD math load(storage v) { return v; }
+  static DDP_HD storage store(math v) { return v; }
+};
+struct F64 {
+  typedef double storage;
+  typedef double math;
+  static DDP_HD math load(storage v) { return v; }
+  static DDP_HD storage store(math v) { return v; }
+};
+
+// out = Dst(In * scale) with one rounding to Dst. A scale of exactly 1 skips the multiply so that a
+// plain cast is bit-exact. The multiply happens in the wider of the two math types.
+template <class Src, class Dst>
+DDP_HD typename Dst::storage scaled_cast(typename Src::storage in, double scale, bool unit) {
+  if (sizeof(typename Src::math) == 8 || sizeof(typename Dst::math) == 8) {
+    double v = static_cast<double>(Src::load(in));
+    if (!unit) v *= scale;
+    return Dst::store(static_cast<typename Dst::math>(v));
+  }
+  float v = static_cast<float>(Src::load(in));
+  if (!unit) v *= static_cast<float>(scale);
+  return Dst::store(static_cast<typename Dst::math>(v));
+}
+
+template <class T>
+DDP_HD bool is_nonfinite(typename T::storage v) {
+  typename T::math m = T::load(v);
+  return !(m - m == m - m);  // NaN for inf and NaN inputs
+}
+
+}  // namespace elem
+}  // namespace ddp

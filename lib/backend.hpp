@@ -1,0 +1,137 @@
+// The backend interfaces: what the reducer asks of a device (memory, streams, element work) and of a
+// communicator (collectives). The planner and reducer see only these; the backends decide no policy.
+//
+//   Host memory:   HostDevice (thread-backed streams)  +  MpiComm / LocalComm
+//   Device memory: CudaDevice (CUDA streams, kernels)  +  NcclComm
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common.hpp"
+
+namespace ddp {
+
+enum class Memory { Host, Device };
+
+// Work run on a stream in submission order. Host streams run it on their worker thread; CUDA streams
+// run it at once on the submitting thread, where it only enqueues GPU work. Preallocated, one per
+// bucket: submitting allocates nothing.
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual void run() = 0;
+};
+
+// An ordered queue of work, one per bucket stream.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Makes room for `n` tasks in flight so that submit never allocates.
+  virtual void reserve(size_t n) = 0;
+  // Runs `task` after everything submitted before it. May throw (CUDA: an enqueue failed).
+  virtual void submit(Task* task) = 0;
+  // Host waits until every submitted task has finished; rethrows the first error a task raised (and
+  // clears it). Throws DDP_ERR_TIMEOUT at the deadline.
+  virtual void drain(Deadline deadline) = 0;
+  // Whether tasks run to completion inside run() (host), so that timing run() times the work.
+  virtual bool synchronous() const = 0;
+  // cudaStream_t for CUDA streams, nullptr for host streams.
+  virtual void* native() = 0;
+  // Rethrows (and clears) the first error a task raised, without waiting.
+  virtual void poll_error() = 0;
+  // Stops running queued tasks (after a fatal error): they are dropped as if finished.
+  virtual void cancel() = 0;
+};
+
+// One grad's place in a bucket's flat buffer.
+struct Segment {
+  void* ptr;       // the grad's storage (copy layout) or view (arena)
+  size_t offset;   // in elements, from the bucket's start
+  size_t numel;
+  uint32_t zero;   // pack writes zeros instead of reading ptr (an unused grad)
+};
+
+// The segments of one bucket. `version` changes whenever a pointer or zero flag changes, so that a
+// device that keeps its own copy of the table (GPU pointer tables) re-uploads only then.
+struct SegmentTable {
+  std::vector<Segment> segs;
+  uint64_t version = 0;
+  std::shared_ptr<void> device_state;  // owned by the device, lives as long as the table
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual Memory memory() const = 0;
+  // Zeroed storage of `bytes`; throws DDP_ERR_OUT_OF_MEMORY. free accepts nullptr.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  // Synchronous copy between two buffers of this device's memory (used when the arena moves).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual std::unique_ptr<Stream> make_stream(int index) = 0;
+
+  // Ordering with the user's stream (no-ops on host, where grads are final when marked ready).
+  virtual void stream_wait_user(Stream& s, void* user_stream) = 0;
+  virtual void user_wait_stream(void* user_stream, Stream& s) = 0;
+
+  // Element work, in stream order on `s` (host: done now by the calling thread).
+  // dst[seg.offset + i] = wire(src_seg[i] * scale), or 0 for zero segments.
+  virtual void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale,
+                    Stream& s) = 0;
+  // dst_seg[i] = dtype(src[seg.offset + i] * scale), for every segment (zero ones included).
+  virtual void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale,
+                      Stream& s) = 0;
+  // buf[i] *= scale, in place.
+  virtual void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) = 0;
+  virtual void fill_zero(void* buf, size_t n, Dtype d, Stream& s) = 0;
+  // Whether buf holds a NaN or Inf. May synchronize `s` with the host.
+  virtual bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) = 0;
+};
+
+// The reductions a collective can fuse. PreMulSum multiplies every input by `factor` before summing
+// (NCCL's ncclRedOpCreatePreMulSum); Avg divides the sum by the world size (ncclAvg).
+enum class RedOp { Sum, Avg, PreMulSum };
+struct Reduction {
+  RedOp op = RedOp::Sum;
+  double factor = 1.0;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Memory memory() const = 0;
+  // A human name of the engine ("mpi", "nccl", "local").
+  virtual const char* engine() const = 0;
+  // A new communicator over the same ranks with its own channel. Collective.
+  virtual std::unique_ptr<Comm> dup() = 0;
+  // The device that owns this communicator's memory kind.
+  virtual std::unique_ptr<Device> make_device() = 0;
+
+  // Whether `d` can be summed natively on the wire, and whether `op` can be fused.
+  virtual bool supports_wire(Dtype d) const = 0;
+  virtual bool supports(RedOp op) const = 0;
+
+  // In-place allreduce of `n` elements in the comm's memory kind, in stream order on `s`.
+  virtual void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) = 0;
+  // In-place broadcast of `bytes` from `root` in the comm's memory kind, in stream order on the
+  // user's `user_stream` (a cudaStream_t for NCCL; host comms run it synchronously).
+  virtual void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) = 0;
+  // Brackets several collectives issued together (ncclGroupStart/End); no-ops elsewhere.
+  virtual void group_start() {}
+  virtual void group_end() {}
+
+  // The control path: small synchronous collectives on host memory (agreement, plan broadcast).
+  virtual void allgather_host(const void* in, void* out, size_t bytes_per_rank, Deadline dl) = 0;
+  virtual void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) = 0;
+
+  // Gives up on every outstanding collective after a fatal error (ncclCommAbort). After it, the
+  // communicator is unusable.
+  virtual void abort() {}
+};
+
+}  // namespace ddp

@@ -1,0 +1,73 @@
+// Shared vocabulary of the implementation: dtypes, the typed error every layer throws, deadlines.
+// Nothing here knows about CUDA, NCCL or MPI.
+#pragma once
+
+#include <chrono>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "ddp.h"
+
+namespace ddp {
+
+enum class Dtype : int { F16 = DDP_F16, BF16 = DDP_BF16, F32 = DDP_F32, F64 = DDP_F64 };
+constexpr int kNumDtypes = DDP_DTYPE_COUNT;
+
+inline size_t dtype_size(Dtype d) {
+  switch (d) {
+    case Dtype::F16:
+    case Dtype::BF16: return 2;
+    case Dtype::F32: return 4;
+    case Dtype::F64: return 8;
+  }
+  return 0;
+}
+inline bool is_16bit(Dtype d) { return d == Dtype::F16 || d == Dtype::BF16; }
+const char* dtype_name(Dtype d);
+inline bool dtype_valid(int d) { return d >= 0 && d < kNumDtypes; }
+
+// The one exception type of the library: a status and a message. The C shell turns it into both.
+class Error : public std::exception {
+ public:
+  Error(ddp_status_t status, std::string message) : status_(status), message_(std::move(message)) {}
+  ddp_status_t status() const { return status_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  ddp_status_t status_;
+  std::string message_;
+};
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+[[noreturn]] void fail(ddp_status_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// A point in time after which a wait gives up; "never" when the timeout is 0.
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static Deadline after_ms(int64_t ms) {
+    Deadline d;
+    d.infinite_ = ms <= 0;
+    if (!d.infinite_) d.at_ = Clock::now() + std::chrono::milliseconds(ms);
+    return d;
+  }
+  static Deadline never() { return after_ms(0); }
+  bool infinite() const { return infinite_; }
+  bool passed() const { return !infinite_ && Clock::now() >= at_; }
+  Clock::time_point at() const { return at_; }
+
+ private:
+  bool infinite_ = true;
+  Clock::time_point at_{};
+};
+
+inline uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace ddp

@@ -1,0 +1,109 @@
+// The context: one DDP instance over one communicator. It holds the config, the registered grads and
+// the per-iteration state machine
+//
+//   OPEN --commit--> IDLE --begin_backward--> IN_BACKWARD --finish_backward--> IDLE
+//                      \______________ reduce_all (reduces, stays IDLE) ____/
+//
+// and turns each API call into work for the planner and the reducer. Every public method is called
+// by the C shell with the context's lock held by this class itself.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "plan.hpp"
+#include "reducer.hpp"
+#include "timeline.hpp"
+
+namespace ddp {
+
+// The config after validation, with its own copies of everything borrowed only for the call.
+struct Settings {
+  size_t message_size = 10000000;
+  bool delay_allreduce = false;
+  bool arena = false;
+  bool learned = true;
+  bool always_fp32 = false;
+  bool average = true;
+  double predivide = 1.0;
+  int num_streams = 1;
+  std::vector<Comm*> stream_comms;  // borrowed, or empty
+  int64_t timeout_ms = 300000;
+  bool unused_zero = false;
+  std::string timeline_path;
+  bool check_finite = false;
+  size_t inplace_min_numel = 0;
+};
+
+// Reads a caller's ddp_config_t (any size >= the first version's) and validates every field.
+// `comm_size`/`memory` are the context's communicator's, to check stream_comms against.
+Settings read_config(const ddp_config_t* config, int comm_size, Memory memory);
+
+class Context {
+ public:
+  Context(Comm& comm, const Settings& settings);
+  ~Context();
+
+  int register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags);
+  void commit();
+  void* grad_ptr(int index);
+  void set_grad_ptr(int index, void* grad);
+  void begin_backward(void* stream);
+  void grad_ready(int index, void* grad);
+  void finish_backward(void* stream);
+  void set_sync(bool enabled);
+  void reduce_all(void* stream);
+  void broadcast(void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n, int root,
+                 void* stream);
+  void synchronize();
+  void stats(ddp_stats_t* out);
+  void plan_info(int* num_buckets, int* learned);
+  void bucket_info(int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity);
+
+ private:
+  enum class State { Open, Idle, InBackward };
+  void check_alive() const;
+  void commit_locked();
+  void check_agreement();
+  void check_index(int index, const char* fn) const;
+  void learn_plan();
+  std::string unused_report(const std::vector<int>& unused);
+  void wait_buckets(void* stream);
+  // Runs `fn`; a fatal error (timeout, failed collective) aborts the context before it propagates.
+  template <class F>
+  void fatal_on_error(F&& fn);
+  void abort(const Error& e);
+
+  std::mutex mu_;
+  Settings cfg_;
+  std::unique_ptr<Comm> ctrl_;   // agreement and plan broadcast
+  std::unique_ptr<Comm> bcast_;  // ddp_broadcast's own channel
+  std::vector<std::unique_ptr<Comm>> owned_comms_;
+  std::vector<Comm*> comms_;     // one per stream
+  std::unique_ptr<Device> device_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::unique_ptr<Timeline> timeline_;
+  Counters counters_;
+  std::vector<GradSpec> specs_;
+  std::vector<void*> user_ptrs_;
+  size_t total_numel_ = 0;
+  std::unique_ptr<Reducer> reducer_;
+  PlanLearner learner_;
+  State state_ = State::Open;
+  bool sync_ = true;
+  bool learning_ = false;        // this backward records the plan
+  bool iteration_synced_ = true; // sync setting of the backward in progress
+  bool aborted_ = false;
+  std::string abort_reason_;
+  int rank_ = 0, world_ = 1;
+  uint64_t iterations_ = 0;
+  uint64_t exposed_ns_ = 0, last_exposed_ns_ = 0;
+  uint64_t layout_epoch_ = 0;
+  uint64_t begin_ns_ = 0;
+  std::vector<int> scratch_unused_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,24 @@
+// What the opaque handles of ddp.h are inside the library.
+#pragma once
+
+#include <memory>
+
+#include "backend.hpp"
+#include "context.hpp"
+#include "local_comm.hpp"
+
+struct ddp_comm {
+  std::unique_ptr<ddp::Comm> impl;
+};
+
+struct ddp_local_group {
+  std::shared_ptr<ddp::LocalGroup> impl;  // comms made from it share it, so destroy can come first
+};
+
+struct ddp_context {
+  std::unique_ptr<ddp::Context> impl;
+};
+
+namespace ddp {
+inline Comm* comm_of(ddp_comm_t c) { return c->impl.get(); }
+}  // namespace ddp

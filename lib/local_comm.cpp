@@ -1,0 +1,170 @@
+#include "local_comm.hpp"
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "../kernels/elementwise.h"
+#include "host_device.hpp"
+
+namespace ddp {
+
+namespace {
+
+// One channel: a reusable barrier plus the buffers each rank posts for the collective in progress.
+// Every collective is: post, barrier, read the others, barrier. Ranks sum in rank order, so every
+// rank gets bitwise the same result.
+struct Channel {
+  explicit Channel(int n) : posted(static_cast<size_t>(n), nullptr) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool aborted = false;
+  std::vector<const void*> posted;
+};
+
+}  // namespace
+
+class LocalGroup {
+ public:
+  explicit LocalGroup(int n) : n_(n) {}
+  int size() const { return n_; }
+  // The channel for the k-th duplicate (each rank's k-th dup is the same channel).
+  std::shared_ptr<Channel> channel(uint64_t k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& c = channels_[k];
+    if (!c) c = std::make_shared<Channel>(n_);
+    return c;
+  }
+  uint64_t next_channel_id(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dup_counts_.empty()) dup_counts_.assign(static_cast<size_t>(n_), 0);
+    return ++dup_counts_[static_cast<size_t>(rank)];
+  }
+
+ private:
+  int n_;
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Channel>> channels_;
+  std::vector<uint64_t> dup_counts_;
+};
+
+std::shared_ptr<LocalGroup> make_local_group(int nranks) { return std::make_shared<LocalGroup>(nranks); }
+int local_group_size(const LocalGroup& g) { return g.size(); }
+
+namespace {
+
+class LocalComm final : public Comm {
+ public:
+  LocalComm(std::shared_ptr<LocalGroup> group, int rank, uint64_t channel_id)
+      : group_(std::move(group)), rank_(rank), channel_(group_->channel(channel_id)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  Memory memory() const override { return Memory::Host; }
+  const char* engine() const override { return "local"; }
+  std::unique_ptr<Comm> dup() override {
+    uint64_t id = group_->next_channel_id(rank_);
+    return std::unique_ptr<Comm>(new LocalComm(group_, rank_, id));
+  }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
+  bool supports_wire(Dtype d) const override { return !is_16bit(d); }
+  bool supports(RedOp op) const override { return op == RedOp::Sum; }
+
+  void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
+    if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
+    const size_t bytes = n * dtype_size(d);
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    post(buf, dl);
+    if (d == Dtype::F32)
+      sum<float>(scratch_.data(), n);
+    else
+      sum<double>(scratch_.data(), n);
+    barrier(dl);  // everyone has read every buffer
+    std::memcpy(buf, scratch_.data(), bytes);
+  }
+
+  void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
+    broadcast_host(buf, bytes, root, dl);
+  }
+
+  void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
+    post(in, dl);
+    for (int r = 0; r < size(); ++r)
+      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
+    barrier(dl);
+  }
+
+  void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
+    if (root < 0 || root >= size()) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range", root);
+    post(buf, dl);
+    if (rank_ != root) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
+    barrier(dl);
+  }
+
+  void abort() override {
+    std::lock_guard<std::mutex> lock(channel_->mu);
+    channel_->aborted = true;
+    channel_->cv.notify_all();
+  }
+
+ private:
+  template <class T>
+  void sum(void* out, size_t n) {
+    T* acc = static_cast<T*>(out);
+    const T* first = static_cast<const T*>(channel_->posted[0]);
+    std::memcpy(acc, first, n * sizeof(T));
+    for (int r = 1; r < size(); ++r) {
+      const T* p = static_cast<const T*>(channel_->posted[static_cast<size_t>(r)]);
+      for (size_t i = 0; i < n; ++i) acc[i] += p[i];
+    }
+  }
+
+  void post(const void* buf, Deadline dl) {
+    {
+      std::lock_guard<std::mutex> lock(channel_->mu);
+      channel_->posted[static_cast<size_t>(rank_)] = buf;
+    }
+    barrier(dl);
+  }
+
+  void barrier(Deadline dl) {
+    Channel& c = *channel_;
+    std::unique_lock<std::mutex> lock(c.mu);
+    if (c.aborted) fail(DDP_ERR_ABORTED, "local comm: aborted");
+    uint64_t gen = c.generation;
+    if (++c.arrived == size()) {
+      c.arrived = 0;
+      ++c.generation;
+      c.cv.notify_all();
+      return;
+    }
+    auto done = [&] { return c.generation != gen || c.aborted; };
+    if (dl.infinite()) {
+      c.cv.wait(lock, done);
+    } else if (!c.cv.wait_until(lock, dl.at(), done)) {
+      // Leave the channel poisoned: the peers that are late would otherwise pair with a later call.
+      c.aborted = true;
+      c.cv.notify_all();
+      fail(DDP_ERR_TIMEOUT, "local comm: rank %d waited past the deadline for the other ranks", rank_);
+    }
+    if (c.generation == gen) fail(DDP_ERR_ABORTED, "local comm: aborted by another rank");
+  }
+
+  std::shared_ptr<LocalGroup> group_;
+  int rank_;
+  std::shared_ptr<Channel> channel_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_local_comm(std::shared_ptr<LocalGroup> group, int rank) {
+  return std::unique_ptr<Comm>(new LocalComm(group, rank, 0));
+}
+
+}  // namespace ddp

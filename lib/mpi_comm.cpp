@@ -1,0 +1,190 @@
+#include "mpi_comm.hpp"
+
+#if DDP_HAVE_MPI
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "host_device.hpp"
+
+namespace ddp {
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return format("MPI error %d", code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+#define DDP_MPI_CHECK(call)                                                                   \
+  do {                                                                                        \
+    int ddp_mpi_rc_ = (call);                                                                 \
+    if (ddp_mpi_rc_ != MPI_SUCCESS)                                                           \
+      fail(DDP_ERR_MPI, "%s failed: %s", #call, mpi_error_text(ddp_mpi_rc_).c_str());       \
+  } while (0)
+
+std::once_flag g_init_once;
+bool g_we_initialized = false;
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void ensure_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    std::call_once(g_init_once, [] {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS) {
+        g_we_initialized = true;
+        std::atexit(finalize_at_exit);
+      }
+    });
+    MPI_Initialized(&initialized);
+    if (!initialized) fail(DDP_ERR_MPI, "MPI_Init_thread failed");
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) fail(DDP_ERR_INVALID_STATE, "MPI has already been finalized");
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE)
+    fail(DDP_ERR_UNSUPPORTED,
+         "MPI was initialized with thread level %d; libddp needs MPI_THREAD_MULTIPLE (%d), since its "
+         "bucket streams call MPI from worker threads: use MPI_Init_thread",
+         level, MPI_THREAD_MULTIPLE);
+}
+
+MPI_Datatype mpi_type(Dtype d) {
+  switch (d) {
+    case Dtype::F32: return MPI_FLOAT;
+    case Dtype::F64: return MPI_DOUBLE;
+    default: fail(DDP_ERR_INTERNAL, "MPI has no %s arithmetic", dtype_name(d));
+  }
+}
+
+// Waits for `req`, driving MPI progress, until the deadline. Yields between polls so that ranks
+// oversubscribed on few cores still make progress.
+void wait_request(MPI_Request* req, Deadline dl, const char* what) {
+  for (unsigned spin = 0;; ++spin) {
+    int done = 0;
+    DDP_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if ((spin & 63u) == 63u && dl.passed())
+      fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled, died or "
+                            "issued a different collective", what);
+    sched_yield();
+  }
+}
+
+// Counts larger than an int are sent in pieces.
+constexpr size_t kMaxChunk = size_t(1) << 30;
+
+class MpiComm final : public Comm {
+ public:
+  explicit MpiComm(MPI_Comm c) : comm_(c) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !aborted_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Memory memory() const override { return Memory::Host; }
+  const char* engine() const override { return "mpi"; }
+
+  std::unique_ptr<Comm> dup() override {
+    MPI_Comm c;
+    DDP_MPI_CHECK(MPI_Comm_dup(comm_, &c));
+    return std::unique_ptr<Comm>(new MpiComm(c));
+  }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
+  bool supports_wire(Dtype d) const override { return !is_16bit(d); }
+  bool supports(RedOp op) const override { return op == RedOp::Sum; }
+
+  void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "MPI comm: only sum is fused");
+    MPI_Datatype t = mpi_type(d);
+    char* p = static_cast<char*>(buf);
+    for (size_t done = 0; done < n;) {
+      size_t k = std::min(kMaxChunk, n - done);
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + done * dtype_size(d), static_cast<int>(k), t,
+                                   MPI_SUM, comm_, &req));
+      wait_request(&req, dl, "MPI allreduce");
+      done += k;
+    }
+  }
+
+  void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
+    broadcast_host(buf, bytes, root, dl);
+  }
+
+  void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
+    if (bytes > kMaxChunk) fail(DDP_ERR_INTERNAL, "allgather of %zu bytes per rank", bytes);
+    MPI_Request req;
+    DDP_MPI_CHECK(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
+                                 MPI_BYTE, comm_, &req));
+    wait_request(&req, dl, "MPI allgather");
+  }
+
+  void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
+    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    char* p = static_cast<char*>(buf);
+    for (size_t done = 0; done < bytes;) {
+      size_t k = std::min(kMaxChunk, bytes - done);
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Ibcast(p + done, static_cast<int>(k), MPI_BYTE, root, comm_, &req));
+      wait_request(&req, dl, "MPI broadcast");
+      done += k;
+    }
+  }
+
+  // An MPI collective cannot be cancelled; the communicator is simply never used (or freed) again.
+  void abort() override { aborted_ = true; }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+bool mpi_available() { return true; }
+
+std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm) {
+  ensure_mpi();
+  MPI_Comm base = mpi_comm ? *static_cast<const MPI_Comm*>(mpi_comm) : MPI_COMM_WORLD;
+  if (base == MPI_COMM_NULL) fail(DDP_ERR_INVALID_ARGUMENT, "the MPI communicator is MPI_COMM_NULL");
+  MPI_Comm c;
+  int rc = MPI_Comm_dup(base, &c);
+  if (rc != MPI_SUCCESS) fail(DDP_ERR_MPI, "MPI_Comm_dup failed: %s", mpi_error_text(rc).c_str());
+  return std::unique_ptr<Comm>(new MpiComm(c));
+}
+
+}  // namespace ddp
+
+#else  // !DDP_HAVE_MPI
+
+namespace ddp {
+bool mpi_available() { return false; }
+std::unique_ptr<Comm> make_mpi_comm(const void*) {
+  fail(DDP_ERR_UNSUPPORTED, "this libddp was built without MPI (MPI=0); rebuild with MPI=1");
+}
+}  // namespace ddp
+
+#endif

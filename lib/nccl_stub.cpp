@@ -1,0 +1,18 @@
+// The NCCL entry points of a build without CUDA: each says why it cannot work.
+#include "nccl_comm.hpp"
+
+namespace ddp {
+
+[[noreturn]] static void no_cuda() {
+  fail(DDP_ERR_UNSUPPORTED,
+       "this libddp was built without CUDA and NCCL (CUDA=0, or nvcc was not found at build time): "
+       "rebuild with CUDA=1 for device memory");
+}
+
+bool nccl_built() { return false; }
+void nccl_get_unique_id(ddp_nccl_id_t*) { no_cuda(); }
+std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t*, int, int, int) { no_cuda(); }
+std::unique_ptr<Comm> make_nccl_comm_mpi(const void*, int) { no_cuda(); }
+std::unique_ptr<Comm> wrap_nccl_comm(void*) { no_cuda(); }
+
+}  // namespace ddp

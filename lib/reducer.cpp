@@ -1,0 +1,296 @@
+#include "reducer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddp {
+
+struct Reducer::BucketTask final : Task {
+  Reducer* reducer = nullptr;
+  int bucket = 0;
+  void run() override { reducer->run_bucket(bucket); }
+};
+
+struct Reducer::BucketRt {
+  BucketTask task;
+  SegmentTable packed;  // copy layout: grads packed into staging; arena: each grad's view
+  SegmentTable direct;  // copy layout: grads reduced in place, each its own collective
+  std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
+  size_t packed_numel = 0;
+  Dtype wire = Dtype::F32;
+  int size = 0;
+  int ready = 0;
+  char* base = nullptr;  // arena: the bucket's storage
+  uint64_t ready_ns = 0, launch_ns = 0;
+};
+
+Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
+  // Scaling (apex): multiply by 1/f before the sum, by f/world after it (or not at all without
+  // averaging). Fuse into the collective where the engine can: ncclAvg, or a pre-multiplied sum.
+  const Comm& c = *env_.comms.at(0);
+  pre_ = 1.0 / env_.predivide;
+  post_ = env_.average ? env_.predivide / env_.world : 1.0;
+  if (env_.average && env_.predivide == 1.0 && c.supports(RedOp::Avg)) {
+    red_ = Reduction{RedOp::Avg, 1.0};
+    post_ = 1.0;
+  } else if (pre_ != 1.0 && c.supports(RedOp::PreMulSum)) {
+    red_ = Reduction{RedOp::PreMulSum, pre_};
+    pre_ = 1.0;
+  }
+}
+
+Reducer::~Reducer() {
+  for (void* p : staging_) env_.device->free(p);
+  env_.device->free(arena_);
+}
+
+void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
+  std::vector<void*> ptrs = user_ptrs;
+  char* old_arena = nullptr;
+  if (env_.arena) {
+    // Storage follows the plan: each bucket one contiguous, 256-byte aligned range of one arena.
+    std::vector<size_t> base(plan.buckets.size());
+    size_t total = 0;
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      total = (total + 255) / 256 * 256;
+      base[b] = total;
+      total += plan.buckets[b].numel * dtype_size(plan.buckets[b].dtype);
+    }
+    char* fresh = static_cast<char*>(env_.device->alloc(total));
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      const Bucket& bk = plan.buckets[b];
+      for (size_t s = 0; s < bk.grads.size(); ++s) {
+        size_t g = static_cast<size_t>(bk.grads[s]);
+        void* to = fresh + base[b] + bk.offsets[s] * dtype_size(bk.dtype);
+        if (arena_) env_.device->copy(to, grad_ptr(static_cast<int>(g)), specs_[g].numel * dtype_size(bk.dtype));
+        ptrs[g] = to;
+      }
+    }
+    old_arena = arena_;
+    arena_ = fresh;
+    arena_bytes_ = total;
+  }
+  plan_ = std::move(plan);
+  build_runtime(ptrs);
+  env_.device->free(old_arena);
+}
+
+void Reducer::build_runtime(const std::vector<void*>& ptrs) {
+  const size_t nb = plan_.buckets.size();
+  const int ns = static_cast<int>(env_.streams.size());
+  std::vector<size_t> staging_need(static_cast<size_t>(ns), 0);
+  rt_.clear();
+  for (size_t b = 0; b < nb; ++b) {
+    const Bucket& bk = plan_.buckets[b];
+    std::unique_ptr<BucketRt> r(new BucketRt());
+    r->task.reducer = this;
+    r->task.bucket = static_cast<int>(b);
+    r->size = static_cast<int>(bk.grads.size());
+    Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+    r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
+    const bool may_direct = !env_.arena && r->wire == bk.dtype && env_.inplace_min_numel > 0;
+    for (size_t s = 0; s < bk.grads.size(); ++s) {
+      size_t g = static_cast<size_t>(bk.grads[s]);
+      const size_t n = specs_[g].numel;
+      if (may_direct && n >= env_.inplace_min_numel) {
+        r->direct.segs.push_back(Segment{ptrs[g], 0, n, 0});
+        r->where.emplace_back(&r->direct, r->direct.segs.size() - 1);
+      } else {
+        r->packed.segs.push_back(Segment{ptrs[g], r->packed_numel, n, 0});
+        r->where.emplace_back(&r->packed, r->packed.segs.size() - 1);
+        r->packed_numel += n;
+      }
+    }
+    if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
+    const bool staged = !env_.arena || r->wire != bk.dtype;
+    if (staged) {
+      size_t& need = staging_need[static_cast<size_t>(bk.stream)];
+      need = std::max(need, r->packed_numel * dtype_size(r->wire));
+    }
+    rt_.push_back(std::move(r));
+  }
+  // One staging buffer per stream, as large as its largest bucket: a stream runs its buckets one
+  // after another, so they can share it.
+  for (void* p : staging_) env_.device->free(p);
+  staging_.assign(static_cast<size_t>(ns), nullptr);
+  staging_bytes_ = 0;
+  for (int s = 0; s < ns; ++s) {
+    size_t need = staging_need[static_cast<size_t>(s)];
+    if (need) staging_[static_cast<size_t>(s)] = env_.device->alloc(need);
+    staging_bytes_ += need;
+    env_.streams[static_cast<size_t>(s)]->reserve(nb + 1);
+  }
+  ready_.assign(specs_.size(), 0);
+  zero_.assign(specs_.size(), 0);
+  next_ = 0;
+}
+
+void* Reducer::grad_ptr(int g) const {
+  const BucketRt& r = *rt_[static_cast<size_t>(plan_.bucket_of[static_cast<size_t>(g)])];
+  auto& w = r.where[static_cast<size_t>(plan_.slot_of[static_cast<size_t>(g)])];
+  return w.first->segs[w.second].ptr;
+}
+
+void Reducer::set_grad_ptr(int g, void* p) {
+  BucketRt& r = *rt_[static_cast<size_t>(plan_.bucket_of[static_cast<size_t>(g)])];
+  auto& w = r.where[static_cast<size_t>(plan_.slot_of[static_cast<size_t>(g)])];
+  Segment& seg = w.first->segs[w.second];
+  if (seg.ptr != p) {
+    seg.ptr = p;
+    ++w.first->version;
+  }
+}
+
+void Reducer::set_zero(int g, bool zero) {
+  BucketRt& r = *rt_[static_cast<size_t>(plan_.bucket_of[static_cast<size_t>(g)])];
+  auto& w = r.where[static_cast<size_t>(plan_.slot_of[static_cast<size_t>(g)])];
+  w.first->segs[w.second].zero = zero ? 1u : 0u;
+  ++w.first->version;
+  zero_[static_cast<size_t>(g)] = zero ? 1 : 0;
+}
+
+void Reducer::begin(void* user_stream, uint64_t iteration) {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& r : rt_) r->ready = 0;
+  next_ = 0;
+  user_stream_ = user_stream;
+  iteration_ = iteration;
+}
+
+bool Reducer::mark_ready(int g, bool launch, uint64_t t_ns) {
+  char& flag = ready_[static_cast<size_t>(g)];
+  if (flag) return false;
+  flag = 1;
+  if (zero_[static_cast<size_t>(g)]) set_zero(g, false);
+  BucketRt& r = *rt_[static_cast<size_t>(plan_.bucket_of[static_cast<size_t>(g)])];
+  if (++r.ready == r.size) {
+    r.ready_ns = t_ns;
+    if (launch) launch_ready_in_order();
+  }
+  return true;
+}
+
+void Reducer::unready_grads(std::vector<int>* out) const {
+  out->clear();
+  for (size_t g = 0; g < ready_.size(); ++g)
+    if (!ready_[g]) out->push_back(static_cast<int>(g));
+}
+
+void Reducer::launch_rest() {
+  const uint64_t t = now_ns();
+  for (size_t g = 0; g < ready_.size(); ++g) {
+    if (ready_[g]) continue;
+    ready_[g] = 1;
+    if (!zero_[g]) set_zero(static_cast<int>(g), true);
+    BucketRt& r = *rt_[static_cast<size_t>(plan_.bucket_of[g])];
+    if (++r.ready == r.size) r.ready_ns = t;
+  }
+  launch_ready_in_order();
+}
+
+void Reducer::launch_all() {
+  const uint64_t t = now_ns();
+  for (size_t g = 0; g < ready_.size(); ++g)
+    if (!ready_[g]) mark_ready(static_cast<int>(g), false, t);
+  launch_ready_in_order();
+}
+
+// apex's next_bucket rule: bucket i launches only after every bucket before it, so that every rank
+// issues the same collectives in the same order whatever order its grads arrive in.
+void Reducer::launch_ready_in_order() {
+  const int nb = static_cast<int>(rt_.size());
+  while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) {
+    int b = next_++;
+    launch(b);
+  }
+}
+
+void Reducer::launch(int b) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  Stream& s = *env_.streams[static_cast<size_t>(plan_.buckets[static_cast<size_t>(b)].stream)];
+  r.launch_ns = now_ns();
+  env_.device->stream_wait_user(s, user_stream_);
+  s.submit(&r.task);
+}
+
+void Reducer::run_bucket(int b) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  Stream& s = *env_.streams[static_cast<size_t>(bk.stream)];
+  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  Device& d = *env_.device;
+  const uint64_t t0 = now_ns();
+  const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+  uint64_t bytes = 0;
+
+  if (!env_.arena || r.wire != bk.dtype) {
+    // Packed path: one pass in (cast and pre-scale), the collective, one pass out (post-scale, cast).
+    void* stg = staging_[static_cast<size_t>(bk.stream)];
+    const bool packed = !r.packed.segs.empty();
+    if (packed) d.pack(r.packed, bk.dtype, stg, r.wire, pre_, s);
+    for (Segment& seg : r.direct.segs) {
+      if (seg.zero)
+        d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
+      else
+        d.scale(seg.ptr, seg.numel, bk.dtype, pre_, s);
+    }
+    const bool group = (packed ? 1u : 0u) + r.direct.segs.size() > 1;
+    if (group) c.group_start();
+    if (packed) c.allreduce(stg, r.packed_numel, r.wire, red_, s, dl);
+    for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.numel, bk.dtype, red_, s, dl);
+    if (group) c.group_end();
+    if (packed) d.unpack(stg, r.wire, r.packed, bk.dtype, post_, s);
+    for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
+    bytes = r.packed_numel * dtype_size(r.wire);
+    for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
+  } else {
+    // Arena path: the bucket's storage is reduced where it lies; scaling in place only if unfused.
+    for (Segment& seg : r.packed.segs)
+      if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
+    d.scale(r.base, bk.numel, bk.dtype, pre_, s);
+    c.allreduce(r.base, bk.numel, bk.dtype, red_, s, dl);
+    d.scale(r.base, bk.numel, bk.dtype, post_, s);
+    bytes = bk.numel * dtype_size(bk.dtype);
+  }
+
+  if (env_.check_finite) {
+    bool bad = false;
+    for (const Segment& seg : r.packed.segs) bad = bad || d.has_nonfinite(seg.ptr, seg.numel, bk.dtype, s);
+    for (const Segment& seg : r.direct.segs) bad = bad || d.has_nonfinite(seg.ptr, seg.numel, bk.dtype, s);
+    if (bad) env_.counters->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
+  }
+  const uint64_t t1 = now_ns();
+  Counters& k = *env_.counters;
+  k.buckets_reduced.fetch_add(1, std::memory_order_relaxed);
+  k.bytes_reduced.fetch_add(bytes, std::memory_order_relaxed);
+  if (s.synchronous()) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
+  if (env_.timeline)
+    env_.timeline->bucket(b, bk.stream, iteration_, r.ready_ns, r.launch_ns, t0, t1, r.size, bytes);
+}
+
+void Reducer::finish(void* user_stream, Deadline dl) {
+  std::exception_ptr first;
+  for (Stream* s : env_.streams) {
+    try {
+      if (s->synchronous()) {
+        s->drain(dl);
+      } else {
+        env_.device->user_wait_stream(user_stream, *s);
+        s->poll_error();
+      }
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  if (next_ != static_cast<int>(rt_.size()))
+    fail(DDP_ERR_INTERNAL, "epilogue: %d of %zu buckets were launched", next_, rt_.size());
+}
+
+Dtype Reducer::wire(int b) const { return rt_[static_cast<size_t>(b)]->wire; }
+
+void Reducer::cancel() {
+  for (Stream* s : env_.streams) s->cancel();
+}
+
+}  // namespace ddp

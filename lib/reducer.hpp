@@ -1,0 +1,110 @@
+// The reducer: a plan brought to life. It owns the bucket buffers (per-stream staging for the copy
+// layout, the arena for the arena layout), counts ready grads into bucket slots, launches complete
+// buckets strictly in plan order (apex's next_bucket) onto stream i % num_streams, and runs each
+// bucket's pack -> collective -> unpack with the scaling folded in.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "backend.hpp"
+#include "plan.hpp"
+#include "timeline.hpp"
+
+namespace ddp {
+
+// Counters shared by the reducer's tasks (worker threads) and the context.
+struct Counters {
+  std::atomic<uint64_t> buckets_reduced{0};
+  std::atomic<uint64_t> bytes_reduced{0};
+  std::atomic<uint64_t> comm_time_ns{0};
+  std::atomic<uint64_t> nonfinite_buckets{0};
+};
+
+// What a reducer needs from its context: settings and the backend objects, all owned elsewhere.
+struct ReducerEnv {
+  Device* device = nullptr;
+  std::vector<Comm*> comms;      // one per stream
+  std::vector<Stream*> streams;  // one per stream
+  int world = 1;
+  bool arena = false;
+  bool always_fp32 = false;
+  bool average = true;
+  double predivide = 1.0;
+  bool check_finite = false;
+  size_t inplace_min_numel = 0;  // copy layout: grads at least this big are reduced in place (0: never)
+  int64_t timeout_ms = 0;
+  Counters* counters = nullptr;
+  Timeline* timeline = nullptr;
+};
+
+class Reducer {
+ public:
+  Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Adopts `plan`: builds the bucket runtime and allocates buffers. Copy layout: `user_ptrs` are the
+  // grads. Arena layout: storage is allocated; grads already in an older arena keep their values.
+  void adopt(Plan plan, const std::vector<void*>& user_ptrs);
+  const Plan& plan() const { return plan_; }
+
+  // Where grad g lives now.
+  void* grad_ptr(int g) const;
+  // Copy layout: grad g moved to p (marks its bucket's pointer table changed only if it did).
+  void set_grad_ptr(int g, void* p);
+
+  // A new iteration: every slot empty, nothing launched.
+  void begin(void* user_stream, uint64_t iteration);
+  // Grad g is ready. Returns false if it was already marked (the caller reports that). When `launch`,
+  // complete buckets are launched in plan order.
+  bool mark_ready(int g, bool launch, uint64_t t_ns);
+  bool is_ready(int g) const { return ready_[static_cast<size_t>(g)] != 0; }
+  // Grads not marked ready, in registration order.
+  void unready_grads(std::vector<int>* out) const;
+  // Marks every unready grad as a zero contribution and launches everything not yet launched, in
+  // plan order. Zero flags persist in the tables until the set of zero grads changes.
+  void launch_rest();
+  // Reduces every grad now (apex Reducer): all slots full, none zero.
+  void launch_all();
+  // Waits for every launched bucket (host), or makes `user_stream` wait for them (GPU), then checks
+  // the epilogue (every bucket launched and finished). Rethrows a bucket's error.
+  void finish(void* user_stream, Deadline dl);
+  // Stops queued work after a fatal error.
+  void cancel();
+
+  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_; }
+  uint64_t arena_bytes() const { return arena_bytes_; }
+  int launched() const { return next_; }
+  // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
+  Dtype wire(int b) const;
+
+ private:
+  struct BucketTask;
+  struct BucketRt;
+  void build_runtime(const std::vector<void*>& ptrs);
+  void launch(int b);
+  void launch_ready_in_order();
+  void run_bucket(int b);
+  void set_zero(int g, bool zero);
+
+  ReducerEnv env_;
+  const std::vector<GradSpec>& specs_;
+  Plan plan_;
+  std::vector<std::unique_ptr<BucketRt>> rt_;
+  std::vector<char> ready_;       // per grad, this iteration
+  std::vector<char> zero_;        // per grad, as the tables have it
+  std::vector<void*> staging_;    // per stream (copy layout, and 16-bit arena buckets)
+  uint64_t staging_bytes_ = 0;
+  char* arena_ = nullptr;         // arena layout: every bucket's storage, bucket after bucket
+  uint64_t arena_bytes_ = 0;
+  int next_ = 0;                  // the next bucket to launch, in plan order
+  void* user_stream_ = nullptr;
+  uint64_t iteration_ = 0;
+  Reduction red_;
+  double pre_ = 1.0, post_ = 1.0;
+};
+
+}  // namespace ddp
