@@ -149,7 +149,7 @@ suite-mpi:
 endif
 
 test: lib
-	$(Q)tests/run_suites.sh "$(MAKE) --no-print-directory" $(SUITES)
+	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(SUITES)
 
 # ---------------------------------------------------------------------------------------------
 install: lib

@@ -5,11 +5,11 @@
 # "[doctest] test cases: T | P passed | F failed | S skipped". A suite that ends without one, or exits
 # non-zero with no failure counted, counts as one failure.
 make_cmd=$1; shift
-mkdir -p build/logs
+BUILD=${BUILD:-build}; mkdir -p "$BUILD/logs"
 tp=0; tf=0; ts=0; bad=()
 for s in "$@"; do
   echo "=== $s"
-  log=build/logs/$s.log
+  log=$BUILD/logs/$s.log
   $make_cmd suite-$s > >(tee "$log") 2>&1
   rc=$?
   wait
