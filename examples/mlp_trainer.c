@@ -1,0 +1,602 @@
+/*
+ * mlp_trainer: a data-parallel trainer written in plain C99 against ddp.h.
+ *
+ * The model is an MLP  512 -> 2048 -> 2048 -> 2048 -> 10  (ReLU between layers, softmax cross-entropy
+ * at the end; 9.46M parameters), trained with plain SGD on a synthetic 10-class task. Every rank runs
+ * the same program; each global batch is split so that rank r trains on its own slice of it (the data
+ * is sharded by rank). Forward and backward are written out below; backward walks the layers from the
+ * last to the first, and as soon as a layer's weight and bias gradients are final it marks them ready
+ * with ddp_grad_ready, so that libddp reduces the buckets of the later layers while the earlier layers'
+ * gradients are still being computed.
+ *
+ * Per step it prints the global loss (the mean over every rank's slice, the same number on every rank;
+ * the program checks that, and that the parameters stay identical, and exits non-zero otherwise). At
+ * the end it prints the test accuracy, the step time and libddp's statistics.
+ *
+ * The communicator is one choice, made in make_comm():
+ *   --comm mpi   host memory, reduced over MPI (run under mpirun; the default)
+ *   --comm self  one process, no MPI (reduction is the identity)
+ *   --comm nccl  device memory, reduced over NCCL: the gradients are staged into CUDA device buffers
+ *                layer by layer and reduced there (only in a build with -DDDP_EXAMPLE_CUDA, which
+ *                links the CUDA runtime; compute stays on the host). One GPU per rank.
+ *
+ * Usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]
+ *                    [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddp.h"
+
+#ifdef DDP_EXAMPLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define NUM_LAYERS 4
+#define NUM_CLASSES 10
+#define INPUT_DIM 512
+#define TRAIN_SAMPLES 65536
+#define TEST_SAMPLES 1024
+
+static const int kDims[NUM_LAYERS + 1] = {INPUT_DIM, 2048, 2048, 2048, NUM_CLASSES};
+
+typedef struct options {
+  int steps, batch, layout, delay, quiet;
+  size_t message_size;
+  float lr;
+  const char* comm;
+  const char* timeline;
+} options_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Errors                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int g_rank = 0;
+
+static void check(ddp_status_t s, const char* what) {
+  if (s == DDP_SUCCESS) return;
+  fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, what, ddp_status_string(s), ddp_last_error());
+  exit(1);
+}
+
+static void* xmalloc(size_t bytes) {
+  void* p = malloc(bytes);
+  if (!p) {
+    fprintf(stderr, "rank %d: out of memory (%zu bytes)\n", g_rank, bytes);
+    exit(1);
+  }
+  return p;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The synthetic task: 10 classes, each a random centre in 512 dimensions; a sample is its class's     */
+/* centre scaled down plus unit Gaussian noise. Samples are a pure function of their index, so every  */
+/* rank can draw any sample without holding a data set.                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t* s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static float uniform01(uint64_t* s) { return (float)((splitmix(s) >> 40) + 1) / 16777217.0f; }
+
+static float gaussian(uint64_t* s) {
+  float u = uniform01(s), v = uniform01(s);
+  return sqrtf(-2.0f * logf(u)) * cosf(6.28318530718f * v);
+}
+
+static float g_centres[NUM_CLASSES][INPUT_DIM];
+
+static void make_centres(void) {
+  uint64_t s = 12345;
+  for (int k = 0; k < NUM_CLASSES; ++k)
+    for (int i = 0; i < INPUT_DIM; ++i) g_centres[k][i] = gaussian(&s);
+}
+
+/* Sample `index` (train: 0..TRAIN_SAMPLES-1, test: from TRAIN_SAMPLES on) into x; returns its label. */
+static int draw_sample(uint64_t index, float* x) {
+  uint64_t s = 0xC0FFEEull ^ (index * 0x2545F4914F6CDD1Dull);
+  int label = (int)(splitmix(&s) % NUM_CLASSES);
+  for (int i = 0; i < INPUT_DIM; ++i) x[i] = 0.3f * g_centres[label][i] + gaussian(&s);
+  return label;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The model. Layer l maps kDims[l] -> kDims[l+1]; W[l] is stored [in][out] so that every inner loop  */
+/* below runs along contiguous memory.                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct model {
+  float* W[NUM_LAYERS];
+  float* b[NUM_LAYERS];
+  float* dW[NUM_LAYERS]; /* where backward writes: the grads libddp reduces (or their staging) */
+  float* db[NUM_LAYERS];
+  float* act[NUM_LAYERS + 1]; /* act[0] = input, act[l+1] = output of layer l (after ReLU) */
+  float* dact[NUM_LAYERS + 1];
+  int batch;
+} model_t;
+
+static size_t wcount(int l) { return (size_t)kDims[l] * (size_t)kDims[l + 1]; }
+
+/* y[B][out] = x[B][in] W[in][out] + b */
+static void linear_forward(const float* restrict x, const float* restrict W, const float* restrict b,
+                           float* restrict y, int B, int in, int out) {
+  for (int r = 0; r < B; ++r) {
+    float* yr = y + (size_t)r * out;
+    memcpy(yr, b, (size_t)out * sizeof(float));
+    const float* xr = x + (size_t)r * in;
+    for (int i = 0; i < in; ++i) {
+      const float xi = xr[i];
+      const float* wi = W + (size_t)i * out;
+      for (int o = 0; o < out; ++o) yr[o] += xi * wi[o];
+    }
+  }
+}
+
+/* dW[in][out] = x^T dy, db = sum_r dy (overwritten, not accumulated). */
+static void linear_backward_params(const float* restrict x, const float* restrict dy, float* restrict dW,
+                                   float* restrict db, int B, int in, int out) {
+  memset(db, 0, (size_t)out * sizeof(float));
+  for (int r = 0; r < B; ++r)
+    for (int o = 0; o < out; ++o) db[o] += dy[(size_t)r * out + o];
+  for (int i = 0; i < in; ++i) {
+    float* dwi = dW + (size_t)i * out;
+    memset(dwi, 0, (size_t)out * sizeof(float));
+    for (int r = 0; r < B; ++r) {
+      const float xi = x[(size_t)r * in + i];
+      if (xi == 0.0f) continue; /* ReLU outputs are often exactly zero */
+      const float* dyr = dy + (size_t)r * out;
+      for (int o = 0; o < out; ++o) dwi[o] += xi * dyr[o];
+    }
+  }
+}
+
+/* dx[B][in] = dy W^T, then masked by the ReLU that produced x. */
+static void linear_backward_input(const float* restrict dy, const float* restrict W, const float* restrict x,
+                                  float* restrict dx, int B, int in, int out) {
+  for (int r = 0; r < B; ++r) {
+    const float* dyr = dy + (size_t)r * out;
+    for (int i = 0; i < in; ++i) {
+      if (x[(size_t)r * in + i] <= 0.0f) {
+        dx[(size_t)r * in + i] = 0.0f;
+        continue;
+      }
+      const float* wi = W + (size_t)i * out;
+      float acc = 0.0f;
+      for (int o = 0; o < out; ++o) acc += dyr[o] * wi[o];
+      dx[(size_t)r * in + i] = acc;
+    }
+  }
+}
+
+/* Forward over the batch in m->act[0]; returns the summed cross-entropy and writes dlogits (already
+ * divided by `divisor`, the number of samples the loss is averaged over on this rank) and the number
+ * of correct predictions. */
+static double forward(model_t* m, const int* labels, int* correct) {
+  const int B = m->batch;
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    linear_forward(m->act[l], m->W[l], m->b[l], m->act[l + 1], B, kDims[l], kDims[l + 1]);
+    if (l + 1 < NUM_LAYERS) {
+      float* a = m->act[l + 1];
+      for (size_t i = 0; i < (size_t)B * kDims[l + 1]; ++i) a[i] = a[i] > 0.0f ? a[i] : 0.0f;
+    }
+  }
+  double loss = 0.0;
+  int ok = 0;
+  float* logits = m->act[NUM_LAYERS];
+  float* dlogits = m->dact[NUM_LAYERS];
+  for (int r = 0; r < B; ++r) {
+    float* z = logits + (size_t)r * NUM_CLASSES;
+    float* dz = dlogits + (size_t)r * NUM_CLASSES;
+    int best = 0;
+    float mx = z[0];
+    for (int k = 1; k < NUM_CLASSES; ++k)
+      if (z[k] > mx) mx = z[k], best = k;
+    double sum = 0.0;
+    for (int k = 0; k < NUM_CLASSES; ++k) sum += exp((double)(z[k] - mx));
+    loss += log(sum) - (double)(z[labels[r]] - mx);
+    for (int k = 0; k < NUM_CLASSES; ++k)
+      dz[k] = (float)((exp((double)(z[k] - mx)) / sum - (k == labels[r] ? 1.0 : 0.0)) / B);
+    ok += best == labels[r];
+  }
+  *correct = ok;
+  return loss;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The communicator and where the grads live                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct trainer {
+  ddp_t ddp;
+  int rank, world, device_grads;
+  int grad_index[NUM_LAYERS][2]; /* [l][0] weight, [l][1] bias */
+#ifdef DDP_EXAMPLE_CUDA
+  cudaStream_t stream;
+  void* dev[NUM_LAYERS][2]; /* device grads (NCCL path) */
+#endif
+} trainer_t;
+
+static ddp_comm_t make_comm(const char* kind, int* device_grads) {
+  ddp_comm_t comm = NULL;
+  *device_grads = 0;
+  if (strcmp(kind, "mpi") == 0) {
+    check(ddp_comm_init_mpi(NULL, &comm), "ddp_comm_init_mpi");
+  } else if (strcmp(kind, "self") == 0) {
+    check(ddp_comm_init_self(&comm), "ddp_comm_init_self");
+  } else if (strcmp(kind, "nccl") == 0) {
+#ifdef DDP_EXAMPLE_CUDA
+    /* One GPU per rank: the local rank picks the device (Open MPI tells it). */
+    const char* lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+      fprintf(stderr, "--comm nccl: no CUDA device\n");
+      exit(1);
+    }
+    int dev = (lr ? atoi(lr) : 0) % ndev;
+    cudaSetDevice(dev);
+    check(ddp_comm_init_nccl_mpi(NULL, dev, &comm), "ddp_comm_init_nccl_mpi");
+    *device_grads = 1;
+#else
+    fprintf(stderr, "--comm nccl needs the CUDA build of this example (make demo-gpu)\n");
+    exit(2);
+#endif
+  } else {
+    fprintf(stderr, "unknown --comm '%s' (mpi, self or nccl)\n", kind);
+    exit(2);
+  }
+  return comm;
+}
+
+/* Marks layer l's grads ready (after staging them to the device on the NCCL path). */
+static void layer_grads_ready(trainer_t* t, model_t* m, int l) {
+  (void)m;
+#ifdef DDP_EXAMPLE_CUDA
+  if (t->device_grads) {
+    cudaMemcpyAsync(t->dev[l][0], m->dW[l], wcount(l) * sizeof(float), cudaMemcpyHostToDevice, t->stream);
+    cudaMemcpyAsync(t->dev[l][1], m->db[l], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyHostToDevice,
+                    t->stream);
+  }
+#endif
+  check(ddp_grad_ready(t->ddp, t->grad_index[l][0]), "ddp_grad_ready");
+  check(ddp_grad_ready(t->ddp, t->grad_index[l][1]), "ddp_grad_ready");
+}
+
+static void* stream_of(trainer_t* t) {
+#ifdef DDP_EXAMPLE_CUDA
+  if (t->device_grads) return (void*)t->stream;
+#endif
+  (void)t;
+  return NULL;
+}
+
+/* After ddp_finish_backward: bring device grads back to the host for the SGD step. */
+static void grads_to_host(trainer_t* t, model_t* m) {
+  (void)m;
+#ifdef DDP_EXAMPLE_CUDA
+  if (t->device_grads) {
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      cudaMemcpyAsync(m->dW[l], t->dev[l][0], wcount(l) * sizeof(float), cudaMemcpyDeviceToHost, t->stream);
+      cudaMemcpyAsync(m->db[l], t->dev[l][1], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyDeviceToHost,
+                      t->stream);
+    }
+    if (cudaStreamSynchronize(t->stream) != cudaSuccess) {
+      fprintf(stderr, "rank %d: CUDA stream failed\n", t->rank);
+      exit(1);
+    }
+  }
+#endif
+  (void)t;
+}
+
+/* Every rank's value of x, via one broadcast per root (small: the loss and a checksum per step). */
+static void gather_doubles(trainer_t* t, const double* mine, int n, double* all /* [world][n] */) {
+  for (int r = 0; r < t->world; ++r) {
+    double buf[4];
+    memcpy(buf, mine, (size_t)n * sizeof(double));
+    void* bufs[1] = {buf};
+    size_t counts[1] = {(size_t)n};
+    ddp_dtype_t types[1] = {DDP_F64};
+    if (t->device_grads) {
+      /* The NCCL comm broadcasts device memory: this example keeps its control values on the host
+       * and so only checks its own values there (the reduced grads are what NCCL checks). */
+      memcpy(all + (size_t)r * n, mine, (size_t)n * sizeof(double));
+      continue;
+    }
+    check(ddp_broadcast(t->ddp, bufs, counts, types, 1, r, NULL), "ddp_broadcast");
+    memcpy(all + (size_t)r * n, buf, (size_t)n * sizeof(double));
+  }
+}
+
+static double param_checksum(const model_t* m) {
+  double s = 0.0;
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    for (size_t i = 0; i < wcount(l); i += 97) s += (double)m->W[l][i] * (double)((i % 13) + 1);
+    for (int i = 0; i < kDims[l + 1]; ++i) s += (double)m->b[l][i];
+  }
+  return s;
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
+          "                   [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]\n");
+  exit(2);
+}
+
+static options_t parse(int argc, char** argv) {
+  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, 2000000, 0.05f, "mpi", NULL};
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--delay")) o.delay = 1;
+    else if (!strcmp(a, "--quiet")) o.quiet = 1;
+    else if (!v) usage();
+    else if (!strcmp(a, "--steps")) o.steps = atoi(v), ++i;
+    else if (!strcmp(a, "--batch")) o.batch = atoi(v), ++i;
+    else if (!strcmp(a, "--lr")) o.lr = (float)atof(v), ++i;
+    else if (!strcmp(a, "--message-size")) o.message_size = (size_t)atoll(v), ++i;
+    else if (!strcmp(a, "--comm")) o.comm = v, ++i;
+    else if (!strcmp(a, "--timeline")) o.timeline = v, ++i;
+    else if (!strcmp(a, "--layout")) {
+      if (!strcmp(v, "arena")) o.layout = DDP_LAYOUT_ARENA;
+      else if (!strcmp(v, "copy")) o.layout = DDP_LAYOUT_COPY;
+      else usage();
+      ++i;
+    } else usage();
+  }
+  if (o.steps < 1 || o.batch < 1 || o.message_size < 1) usage();
+  return o;
+}
+
+int main(int argc, char** argv) {
+  options_t opt = parse(argc, argv);
+  trainer_t t;
+  memset(&t, 0, sizeof t);
+  ddp_comm_t comm = make_comm(opt.comm, &t.device_grads);
+  check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
+  check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
+  g_rank = t.rank;
+  const int B = opt.batch;
+
+  ddp_config_t cfg;
+  check(ddp_config_init(&cfg), "ddp_config_init");
+  cfg.layout = opt.layout;
+  cfg.plan_order = DDP_PLAN_REGISTRATION; /* buckets known up front: iteration 1 overlaps too */
+  cfg.message_size = opt.message_size;
+  cfg.delay_allreduce = opt.delay;
+  cfg.timeline_path = opt.timeline;
+  check(ddp_create(comm, &cfg, &t.ddp), "ddp_create");
+  check(ddp_comm_destroy(comm), "ddp_comm_destroy");
+
+  /* Parameters and activations on the host; grads registered in forward order, so that the
+   * registration plan (reverse order) matches the order backward produces them. */
+  model_t m;
+  memset(&m, 0, sizeof m);
+  m.batch = B;
+  size_t params = 0;
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    m.W[l] = xmalloc(wcount(l) * sizeof(float));
+    m.b[l] = xmalloc((size_t)kDims[l + 1] * sizeof(float));
+    params += wcount(l) + (size_t)kDims[l + 1];
+  }
+  for (int l = 0; l <= NUM_LAYERS; ++l) {
+    m.act[l] = xmalloc((size_t)B * kDims[l] * sizeof(float));
+    m.dact[l] = xmalloc((size_t)B * kDims[l] * sizeof(float));
+  }
+  const int arena = opt.layout == DDP_LAYOUT_ARENA;
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    size_t n[2] = {wcount(l), (size_t)kDims[l + 1]};
+    float** host[2] = {&m.dW[l], &m.db[l]};
+    for (int k = 0; k < 2; ++k) {
+      void* p = NULL;
+      if (t.device_grads) {
+#ifdef DDP_EXAMPLE_CUDA
+        *host[k] = xmalloc(n[k] * sizeof(float)); /* host staging; the grad itself is on the device */
+        if (!arena && cudaMalloc(&t.dev[l][k], n[k] * sizeof(float)) != cudaSuccess) {
+          fprintf(stderr, "cudaMalloc failed\n");
+          exit(1);
+        }
+        p = arena ? NULL : t.dev[l][k];
+#endif
+      } else if (!arena) {
+        *host[k] = xmalloc(n[k] * sizeof(float));
+        p = *host[k];
+      }
+      check(ddp_register_grad(t.ddp, p, n[k], DDP_F32, 0, &t.grad_index[l][k]), "ddp_register_grad");
+    }
+  }
+  check(ddp_commit(t.ddp), "ddp_commit");
+  if (arena) /* the library owns the grads: backward writes straight into its buckets */
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      void* p[2];
+      check(ddp_grad_ptr(t.ddp, t.grad_index[l][0], &p[0]), "ddp_grad_ptr");
+      check(ddp_grad_ptr(t.ddp, t.grad_index[l][1], &p[1]), "ddp_grad_ptr");
+#ifdef DDP_EXAMPLE_CUDA
+      if (t.device_grads) {
+        t.dev[l][0] = p[0];
+        t.dev[l][1] = p[1];
+        continue;
+      }
+#endif
+      m.dW[l] = p[0];
+      m.db[l] = p[1];
+    }
+#ifdef DDP_EXAMPLE_CUDA
+  if (t.device_grads) cudaStreamCreate(&t.stream);
+#endif
+
+  /* The same initial parameters everywhere: rank 0 draws them (He init) and broadcasts them, as apex
+   * does at construction. */
+  if (t.rank == 0) {
+    uint64_t s = 777;
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      float scale = sqrtf(2.0f / (float)kDims[l]) * (l == NUM_LAYERS - 1 ? 0.1f : 1.0f);
+      for (size_t i = 0; i < wcount(l); ++i) m.W[l][i] = scale * gaussian(&s);
+      memset(m.b[l], 0, (size_t)kDims[l + 1] * sizeof(float));
+    }
+  }
+  if (!t.device_grads) {
+    void* bufs[2 * NUM_LAYERS];
+    size_t counts[2 * NUM_LAYERS];
+    ddp_dtype_t types[2 * NUM_LAYERS];
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      bufs[2 * l] = m.W[l], counts[2 * l] = wcount(l), types[2 * l] = DDP_F32;
+      bufs[2 * l + 1] = m.b[l], counts[2 * l + 1] = (size_t)kDims[l + 1], types[2 * l + 1] = DDP_F32;
+    }
+    check(ddp_broadcast(t.ddp, bufs, counts, types, 2 * NUM_LAYERS, 0, NULL), "ddp_broadcast");
+  } else if (t.rank != 0) {
+    /* NCCL path: every rank draws the same parameters itself (the broadcast would need device memory). */
+    uint64_t s = 777;
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      float scale = sqrtf(2.0f / (float)kDims[l]) * (l == NUM_LAYERS - 1 ? 0.1f : 1.0f);
+      for (size_t i = 0; i < wcount(l); ++i) m.W[l][i] = scale * gaussian(&s);
+      memset(m.b[l], 0, (size_t)kDims[l + 1] * sizeof(float));
+    }
+  }
+  make_centres();
+
+  int nb = 0;
+  check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
+  if (t.rank == 0)
+    printf("mlp_trainer: %d ranks over %s, %.2fM parameters in %d grads, %d buckets (%s layout, "
+           "message_size %zu%s), batch %d per rank (%d global)\n",
+           t.world, opt.comm, (double)params / 1e6, 2 * NUM_LAYERS, nb, arena ? "arena" : "copy",
+           opt.message_size, opt.delay ? ", delay_allreduce" : "", B, B * t.world);
+
+  int* labels = xmalloc((size_t)B * sizeof(int));
+  double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
+  double* all = xmalloc((size_t)t.world * 2 * sizeof(double));
+  double first_loss = 0.0, last_loss = 0.0, compute_s = 0.0;
+  for (int step = 0; step < opt.steps; ++step) {
+    const double t0 = now_s();
+    /* This rank's slice of the global batch. */
+    for (int r = 0; r < B; ++r) {
+      uint64_t idx = ((uint64_t)step * (uint64_t)(B * t.world) + (uint64_t)(t.rank * B + r)) % TRAIN_SAMPLES;
+      labels[r] = draw_sample(idx, m.act[0] + (size_t)r * INPUT_DIM);
+    }
+    int correct = 0;
+    const double local_loss = forward(&m, labels, &correct) / B;
+
+    check(ddp_begin_backward(t.ddp, stream_of(&t)), "ddp_begin_backward");
+    for (int l = NUM_LAYERS - 1; l >= 0; --l) {
+      linear_backward_params(m.act[l], m.dact[l + 1], m.dW[l], m.db[l], B, kDims[l], kDims[l + 1]);
+      layer_grads_ready(&t, &m, l); /* reduction of this layer's bucket starts now */
+      if (l > 0) linear_backward_input(m.dact[l + 1], m.W[l], m.act[l], m.dact[l], B, kDims[l], kDims[l + 1]);
+    }
+    const double t_bwd = now_s();
+    check(ddp_finish_backward(t.ddp, stream_of(&t)), "ddp_finish_backward");
+    grads_to_host(&t, &m);
+    /* SGD: every rank applies the same averaged grads, so the parameters stay identical. */
+    for (int l = 0; l < NUM_LAYERS; ++l) {
+      float* W = m.W[l];
+      const float* dW = m.dW[l];
+      for (size_t i = 0; i < wcount(l); ++i) W[i] -= opt.lr * dW[i];
+      for (int i = 0; i < kDims[l + 1]; ++i) m.b[l][i] -= opt.lr * m.db[l][i];
+    }
+    const double t1 = now_s();
+    steps_s[step] = t1 - t0;
+    compute_s += t_bwd - t0;
+
+    /* The global loss from every rank's local loss (the same sum in the same order on every rank),
+     * and rank 0's parameter checksum compared with ours. */
+    double mine[2] = {local_loss, param_checksum(&m)};
+    gather_doubles(&t, mine, 2, all);
+    double loss = 0.0;
+    for (int r = 0; r < t.world; ++r) loss += all[2 * r];
+    loss /= t.world;
+    if (all[1] != mine[1]) {
+      fprintf(stderr, "rank %d: step %d: parameters differ from rank 0's (checksum %.17g vs %.17g)\n",
+              t.rank, step, mine[1], all[1]);
+      exit(1);
+    }
+    /* Every rank prints its loss (the same value); rank 0's checks above make sure of it. */
+    if (!opt.quiet || step == 0 || step == opt.steps - 1)
+      printf("rank %d step %3d  loss %.6f  (%.0f ms)\n", t.rank, step, loss, 1e3 * steps_s[step]);
+    if (step == 0) first_loss = loss;
+    last_loss = loss;
+  }
+  fflush(stdout);
+
+  /* Test accuracy: each rank evaluates its shard of the test set; the counts are gathered. */
+  int correct_sum = 0, seen = 0;
+  for (int start = t.rank * B; start < TEST_SAMPLES; start += B * t.world) {
+    int n = TEST_SAMPLES - start < B ? TEST_SAMPLES - start : B;
+    m.batch = n;
+    for (int r = 0; r < n; ++r) labels[r] = draw_sample(TRAIN_SAMPLES + (uint64_t)(start + r), m.act[0] + (size_t)r * INPUT_DIM);
+    int c = 0;
+    (void)forward(&m, labels, &c);
+    correct_sum += c;
+    seen += n;
+  }
+  m.batch = B;
+  double mine[2] = {(double)correct_sum, (double)seen};
+  gather_doubles(&t, mine, 2, all);
+  double correct_all = 0.0, seen_all = 0.0;
+  for (int r = 0; r < t.world; ++r) correct_all += all[2 * r], seen_all += all[2 * r + 1];
+
+  ddp_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.size = sizeof st;
+  check(ddp_get_stats(t.ddp, &st), "ddp_get_stats");
+  /* Step time: median over the steps after the first (which pays first touches). */
+  int ns = opt.steps > 1 ? opt.steps - 1 : 1;
+  double* sorted = xmalloc((size_t)ns * sizeof(double));
+  memcpy(sorted, opt.steps > 1 ? steps_s + 1 : steps_s, (size_t)ns * sizeof(double));
+  qsort(sorted, (size_t)ns, sizeof(double), cmp_double);
+  if (t.rank == 0) {
+    printf("loss %.4f -> %.4f over %d steps; test accuracy %.2f%% (%d samples)\n", first_loss, last_loss,
+           opt.steps, 100.0 * correct_all / (seen_all > 0 ? seen_all : 1), (int)seen_all);
+    printf("step time: median %.1f ms (min %.1f, max %.1f); forward+backward compute %.1f ms per step\n",
+           1e3 * sorted[ns / 2], 1e3 * sorted[0], 1e3 * sorted[ns - 1], 1e3 * compute_s / opt.steps);
+    printf("libddp stats (rank 0): iterations %llu, buckets reduced %llu, bytes reduced %.1f MB, comm time "
+           "%.1f ms, exposed comm time %.1f ms (%.2f ms per step, last %.2f ms), library memory %.1f MB "
+           "(arena %.1f MB)\n",
+           (unsigned long long)st.iterations, (unsigned long long)st.buckets_reduced, (double)st.bytes_reduced / 1e6,
+           (double)st.comm_time_ns / 1e6, (double)st.exposed_time_ns / 1e6,
+           (double)st.exposed_time_ns / 1e6 / (st.iterations ? (double)st.iterations : 1.0),
+           (double)st.last_exposed_ns / 1e6, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
+    printf("ranks agree: losses and parameters identical on all %d ranks at every step\n", t.world);
+  }
+  int fell = last_loss < first_loss;
+  check(ddp_destroy(t.ddp), "ddp_destroy");
+#ifdef DDP_EXAMPLE_CUDA
+  if (t.device_grads) {
+    cudaStreamDestroy(t.stream);
+    if (!arena)
+      for (int l = 0; l < NUM_LAYERS; ++l) cudaFree(t.dev[l][0]), cudaFree(t.dev[l][1]);
+  }
+#endif
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    free(m.W[l]);
+    free(m.b[l]);
+    if (!arena || t.device_grads) free(m.dW[l]), free(m.db[l]);
+  }
+  for (int l = 0; l <= NUM_LAYERS; ++l) free(m.act[l]), free(m.dact[l]);
+  free(labels), free(steps_s), free(all), free(sorted);
+  if (opt.steps >= 5 && !fell) {
+    if (t.rank == 0) fprintf(stderr, "the loss did not fall\n");
+    return 1;
+  }
+  return 0;
+}
