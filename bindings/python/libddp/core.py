@@ -1,0 +1,422 @@
+"""The Pythonic layer: Comm, LocalGroup and DDP over the low layer in _lib.py."""
+import contextlib
+import ctypes
+from collections import namedtuple
+
+from . import _lib as L
+from .errors import ClosedError, InvalidArgumentError
+
+F16, BF16, F32, F64 = L.DDP_F16, L.DDP_BF16, L.DDP_F32, L.DDP_F64
+DTYPE_NAMES = {F16: "float16", BF16: "bfloat16", F32: "float32", F64: "float64"}
+_DTYPE_ALIASES = {
+    "float16": F16, "f16": F16, "half": F16, "<f2": F16, "torch.float16": F16, "torch.half": F16,
+    "bfloat16": BF16, "bf16": BF16, "torch.bfloat16": BF16,
+    "float32": F32, "f32": F32, "float": F32, "<f4": F32, "torch.float32": F32, "torch.float": F32,
+    "float64": F64, "f64": F64, "double": F64, "<f8": F64, "torch.float64": F64, "torch.double": F64,
+}
+_ITEMSIZE = {F16: 2, BF16: 2, F32: 4, F64: 8}
+
+
+def dtype_code(dtype):
+    """A ddp_dtype_t from an int, a name ('float32', 'f32', 'bf16', ...), a numpy or a torch dtype."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        if dtype in DTYPE_NAMES:
+            return dtype
+    else:
+        code = _DTYPE_ALIASES.get(getattr(dtype, "__name__", None) or str(dtype))
+        if code is not None:
+            return code
+    raise InvalidArgumentError("libddp: dtype %r is not one of float16, bfloat16, float32, float64" % (dtype,))
+
+
+def buffer_info(buf):
+    """(address, numel, ddp dtype, is_device) of a numpy array, a torch tensor, a CuPy array (or anything
+    with __cuda_array_interface__ / __array_interface__), or a (pointer, numel, dtype) tuple."""
+    if isinstance(buf, (tuple, list)):
+        if len(buf) != 3:
+            raise InvalidArgumentError("libddp: a raw buffer is a (pointer, numel, dtype) tuple")
+        ptr, numel, dtype = buf
+        return int(ptr), int(numel), dtype_code(dtype), None
+    mod = type(buf).__module__ or ""
+    if mod.startswith("torch") and hasattr(buf, "data_ptr"):
+        if not buf.is_contiguous():
+            raise InvalidArgumentError("libddp: the tensor is not contiguous")
+        return buf.data_ptr(), buf.numel(), dtype_code(buf.dtype), buf.is_cuda
+    for attr, device in (("__cuda_array_interface__", True), ("__array_interface__", False)):
+        iface = getattr(buf, attr, None)
+        if iface is None:
+            continue
+        ptr, readonly = iface["data"]
+        if readonly:
+            raise InvalidArgumentError("libddp: the array is read-only")
+        code = dtype_code(iface["typestr"])
+        numel = 1
+        for n in iface["shape"]:
+            numel *= n
+        strides = iface.get("strides")
+        if strides is not None:
+            expect = _ITEMSIZE[code]
+            for n, s in zip(reversed(iface["shape"]), reversed(strides)):
+                if n != 1 and s != expect:
+                    raise InvalidArgumentError("libddp: the array is not C-contiguous")
+                expect *= n
+        return ptr, numel, code, device
+    raise InvalidArgumentError("libddp: cannot take a buffer from %r (give a numpy array, a torch tensor, "
+                               "a CuPy array or a (pointer, numel, dtype) tuple)" % type(buf).__name__)
+
+
+def stream_ptr(stream):
+    """A cudaStream_t as an int from None, an int, a torch.cuda.Stream or a CuPy stream."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    raise InvalidArgumentError("libddp: cannot take a CUDA stream from %r" % type(stream).__name__)
+
+
+class _Handle:
+    """Owns one library handle; methods on a closed object raise ClosedError."""
+
+    _h = None
+    _kind = "object"
+
+    def _handle(self):
+        if self._h is None:
+            raise ClosedError("libddp: this %s is closed" % self._kind)
+        return self._h
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def __enter__(self):
+        self._handle()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Comm(_Handle):
+    """A communicator. Make one with Comm.mpi(), Comm.self(), Comm.nccl(...), Comm.nccl_mpi(...)."""
+
+    _kind = "Comm"
+
+    def __init__(self, handle):
+        self._h = handle
+
+    @classmethod
+    def mpi(cls, mpi_comm=None):
+        """Host-memory comm over MPI (MPI_COMM_WORLD, or the MPI_Comm at address `mpi_comm`). Collective."""
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_init_mpi(mpi_comm, ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def self(cls):
+        """A one-rank comm needing no MPI."""
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_init_self(ctypes.byref(h))
+        return cls(h.value)
+
+    @staticmethod
+    def nccl_unique_id():
+        """128 bytes to make on one rank and send to the others."""
+        nid = L.ddp_nccl_id_t()
+        L.lib.ddp_nccl_get_unique_id(ctypes.byref(nid))
+        return ctypes.string_at(ctypes.addressof(nid), 128)
+
+    @classmethod
+    def nccl(cls, unique_id, nranks, rank, device=0):
+        """Device-memory comm over NCCL for `rank` of `nranks` on CUDA device `device`. Collective."""
+        if len(unique_id) != 128:
+            raise InvalidArgumentError("libddp: an NCCL unique id has 128 bytes")
+        nid = L.ddp_nccl_id_t()
+        ctypes.memmove(ctypes.addressof(nid), bytes(unique_id), 128)
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_init_nccl(ctypes.byref(nid), nranks, rank, device, ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def nccl_mpi(cls, device=0, mpi_comm=None):
+        """NCCL comm whose id is made on rank 0 of MPI_COMM_WORLD (or `mpi_comm`) and sent over MPI."""
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_init_nccl_mpi(mpi_comm, device, ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def wrap_nccl(cls, nccl_comm):
+        """Borrows an existing ncclComm_t (an address); it must outlive every DDP made over this comm."""
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_wrap_nccl(nccl_comm, ctypes.byref(h))
+        return cls(h.value)
+
+    @property
+    def rank(self):
+        v = ctypes.c_int()
+        L.lib.ddp_comm_rank(self._handle(), ctypes.byref(v))
+        return v.value
+
+    @property
+    def size(self):
+        v = ctypes.c_int()
+        L.lib.ddp_comm_size(self._handle(), ctypes.byref(v))
+        return v.value
+
+    def close(self):
+        h, self._h = self._h, None
+        if h is not None:
+            L.lib.ddp_comm_destroy(h)
+
+    def __repr__(self):
+        if self._h is None:
+            return "<libddp.Comm closed>"
+        return "<libddp.Comm rank %d of %d>" % (self.rank, self.size)
+
+
+class LocalGroup(_Handle):
+    """`nranks` in-process ranks: each of `nranks` threads calls group.comm(rank)."""
+
+    _kind = "LocalGroup"
+
+    def __init__(self, nranks):
+        h = L.ddp_local_group_t()
+        L.lib.ddp_local_group_create(nranks, ctypes.byref(h))
+        self._h = h.value
+        self.nranks = nranks
+
+    def comm(self, rank):
+        h = L.ddp_comm_t()
+        L.lib.ddp_comm_init_local(self._handle(), rank, ctypes.byref(h))
+        return Comm(h.value)
+
+    def close(self):
+        h, self._h = self._h, None
+        if h is not None:
+            L.lib.ddp_local_group_destroy(h)
+
+
+Stats = namedtuple("Stats", [f for f, _ in L.ddp_stats_t._fields_ if f != "size"])
+Bucket = namedtuple("Bucket", "dtype wire numel grads stream")
+Plan = namedtuple("Plan", "learned buckets")
+
+_ENUMS = {
+    "layout": {"copy": L.DDP_LAYOUT_COPY, "arena": L.DDP_LAYOUT_ARENA},
+    "plan_order": {"learned": L.DDP_PLAN_LEARNED, "registration": L.DDP_PLAN_REGISTRATION},
+    "unused_policy": {"error": L.DDP_UNUSED_ERROR, "zero": L.DDP_UNUSED_ZERO},
+}
+CONFIG_KEYS = tuple(f for f, _ in L.ddp_config_t._fields_ if f not in ("size", "magic", "version"))
+
+
+def make_config(**config):
+    """A ddp_config_t from keyword arguments named as its fields (layout='arena', plan_order='registration',
+    unused_policy='zero', stream_comms=[Comm, ...], timeline_path='t.json', ...). Returns (config, keepalive)."""
+    c = L.ddp_config_t()
+    L.lib.ddp_config_init(ctypes.byref(c))
+    keep = []
+    for key, value in config.items():
+        if key not in CONFIG_KEYS:
+            raise TypeError("libddp: unknown config key %r (known: %s)" % (key, ", ".join(CONFIG_KEYS)))
+        if key in _ENUMS and isinstance(value, str):
+            if value not in _ENUMS[key]:
+                raise InvalidArgumentError("libddp: %s must be one of %s, not %r" % (key, sorted(_ENUMS[key]), value))
+            value = _ENUMS[key][value]
+        elif key == "stream_comms":
+            if value is None:
+                continue
+            handles = (L.ddp_comm_t * len(value))(*[cm._handle() for cm in value])
+            keep.append((handles, list(value)))
+            value = ctypes.cast(handles, ctypes.POINTER(L.ddp_comm_t))
+        elif key == "timeline_path":
+            value = None if value is None else str(value).encode()
+            keep.append(value)
+        elif isinstance(value, bool):
+            value = int(value)
+        setattr(c, key, value)
+    return c, keep
+
+
+class DDP(_Handle):
+    """One libddp context over `comm`. Keyword arguments are ddp_config_t fields (see make_config).
+
+        with DDP(comm, message_size=1 << 20) as ddp:
+            i = ddp.register(grad_array)
+            with ddp.backward():
+                ...; ddp.grad_ready(i)
+    """
+
+    _kind = "DDP"
+
+    def __init__(self, comm, **config):
+        cfg, keep = make_config(**config)
+        h = L.ddp_t()
+        L.lib.ddp_create(comm._handle(), ctypes.byref(cfg), ctypes.byref(h))
+        self._h = h.value
+        self._keep = keep
+        self.arena = cfg.layout == L.DDP_LAYOUT_ARENA
+        self._grads = []     # (numel, dtype, is_device) per index
+        self._buffers = {}   # index -> the object whose memory the library uses (copy layout)
+
+    # -- registration --------------------------------------------------------------------------
+    def register(self, buf=None, *, numel=None, dtype=None, trigger=False, device=False):
+        """Registers a grad; returns its index. Copy layout: `buf` is a numpy array, a torch tensor, a CuPy
+        array or (pointer, numel, dtype). Arena layout: give numel= and dtype= (buf None), or a buffer whose
+        numel and dtype are used (its memory is not); the storage is then at grad_ptr(index)/grad_array(index)."""
+        h = self._handle()
+        if buf is None:
+            if numel is None or dtype is None:
+                raise InvalidArgumentError("libddp: register() needs a buffer, or numel= and dtype=")
+            ptr, n, code = None, int(numel), dtype_code(dtype)
+        else:
+            ptr, n, code, dev = buffer_info(buf)
+            device = device if dev is None else dev
+            if self.arena:
+                ptr = None
+        idx = ctypes.c_int()
+        L.lib.ddp_register_grad(h, ptr, n, code, L.DDP_GRAD_TRIGGER if trigger else 0, ctypes.byref(idx))
+        self._grads.append((n, code, bool(device)))
+        if ptr is not None:
+            self._buffers[idx.value] = buf
+        return idx.value
+
+    def commit(self):
+        """Closes registration (collective; optional, the first backward does it)."""
+        L.lib.ddp_commit(self._handle())
+
+    @property
+    def num_grads(self):
+        return len(self._grads)
+
+    def grad_ptr(self, index):
+        """The address where grad `index` lives (arena: the library's view)."""
+        p = ctypes.c_void_p()
+        L.lib.ddp_grad_ptr(self._handle(), index, ctypes.byref(p))
+        return p.value or 0
+
+    def grad_array(self, index, shape=None):
+        """A numpy array over grad `index`'s current storage (host memory). In the arena layout with the
+        learned plan the storage moves once, after the first synced backward: take the array again then."""
+        import numpy as np
+
+        n, code, device = self._grads[index]
+        if device:
+            raise InvalidArgumentError("libddp: grad %d is device memory; use grad_ptr()" % index)
+        if code == BF16:
+            raise InvalidArgumentError("libddp: numpy has no bfloat16; use grad_ptr()")
+        ptr = self.grad_ptr(index)
+        ct = {F16: ctypes.c_uint16, F32: ctypes.c_float, F64: ctypes.c_double}[code]
+        raw = (ct * n).from_address(ptr)
+        a = np.ctypeslib.as_array(raw)
+        if code == F16:
+            a = a.view(np.float16)
+        return a.reshape(shape) if shape is not None else a
+
+    def set_grad(self, index, buf):
+        """Copy layout: grad `index` now lives in `buf` (same numel and dtype)."""
+        ptr = self._check_buf(index, buf)
+        L.lib.ddp_set_grad_ptr(self._handle(), index, ptr)
+        self._buffers[index] = buf
+
+    def _check_buf(self, index, buf):
+        if not 0 <= index < len(self._grads):
+            raise InvalidArgumentError("libddp: grad index %d out of range (0..%d)" % (index, len(self._grads) - 1))
+        ptr, n, code, _ = buffer_info(buf)
+        if (n, code) != self._grads[index][:2]:
+            raise InvalidArgumentError("libddp: grad %d has %d %s elements, the buffer %d %s" % (
+                index, self._grads[index][0], DTYPE_NAMES[self._grads[index][1]], n, DTYPE_NAMES[code]))
+        return ptr
+
+    # -- the iteration ---------------------------------------------------------------------------
+    def begin_backward(self, stream=None):
+        L.lib.ddp_begin_backward(self._handle(), stream_ptr(stream))
+
+    def grad_ready(self, index, buf=None):
+        """Grad `index` is final for this iteration (thread-safe). `buf`: its storage now (copy layout)."""
+        h = self._handle()
+        if buf is None:
+            L.lib.ddp_grad_ready(h, index)
+        else:
+            ptr = self._check_buf(index, buf)
+            L.lib.ddp_grad_ready_ptr(h, index, ptr)
+            self._buffers[index] = buf
+
+    def finish_backward(self, stream=None):
+        """Waits for every bucket (host) or makes `stream` wait (GPU); errors of any bucket raise here."""
+        L.lib.ddp_finish_backward(self._handle(), stream_ptr(stream))
+
+    @contextlib.contextmanager
+    def backward(self, stream=None):
+        """begin_backward on entry, finish_backward on a normal exit."""
+        self.begin_backward(stream)
+        yield self
+        self.finish_backward(stream)
+
+    def set_sync(self, enabled):
+        L.lib.ddp_set_sync(self._handle(), 1 if enabled else 0)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate locally (torch no_sync, apex disable_allreduce)."""
+        self.set_sync(False)
+        try:
+            yield self
+        finally:
+            if self._h is not None:
+                self.set_sync(True)
+
+    def reduce_all(self, stream=None):
+        L.lib.ddp_reduce_all(self._handle(), stream_ptr(stream))
+
+    def broadcast(self, buffers, root=0, stream=None):
+        """Broadcasts each buffer (numpy array, tensor, (ptr, numel, dtype)) from `root`. Collective."""
+        infos = [buffer_info(b) for b in buffers]
+        n = len(infos)
+        ptrs = (ctypes.c_void_p * n)(*[i[0] for i in infos])
+        counts = (ctypes.c_size_t * n)(*[i[1] for i in infos])
+        dtypes = (L.ddp_dtype_t * n)(*[i[2] for i in infos])
+        L.lib.ddp_broadcast(self._handle(), ptrs, counts, dtypes, n, root, stream_ptr(stream))
+
+    def synchronize(self):
+        L.lib.ddp_synchronize(self._handle())
+
+    # -- inspection ----------------------------------------------------------------------------
+    @property
+    def stats(self):
+        s = L.ddp_stats_t()
+        s.size = ctypes.sizeof(s)
+        L.lib.ddp_get_stats(self._handle(), ctypes.byref(s))
+        return Stats(*[getattr(s, f) for f in Stats._fields])
+
+    @property
+    def plan(self):
+        """The current plan: Plan(learned, [Bucket(dtype, wire, numel, grads, stream), ...])."""
+        h = self._handle()
+        nb, learned = ctypes.c_int(), ctypes.c_int()
+        L.lib.ddp_get_plan(h, ctypes.byref(nb), ctypes.byref(learned))
+        buckets = []
+        cap = max(len(self._grads), 1)
+        for b in range(nb.value):
+            info = L.ddp_bucket_info_t()
+            grads = (ctypes.c_int * cap)()
+            L.lib.ddp_get_bucket(h, b, ctypes.byref(info), grads, cap)
+            buckets.append(Bucket(DTYPE_NAMES.get(info.dtype, info.dtype), DTYPE_NAMES.get(info.wire, info.wire),
+                                  info.numel, list(grads[:info.num_grads]), info.stream))
+        return Plan(bool(learned.value), buckets)
+
+    def close(self):
+        """Destroys the context (waits for its work). Further calls raise ClosedError."""
+        h, self._h = self._h, None
+        if h is not None:
+            self._buffers = {}
+            L.lib.ddp_destroy(h)

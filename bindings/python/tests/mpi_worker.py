@@ -1,0 +1,141 @@
+"""Run under mpirun: every rank reduces numpy grads through libddp and checks them against a float64
+reference computed from every rank's data. Prints one line per scenario; exits 1 on any failure."""
+import os
+import sys
+
+import numpy as np
+
+import libddp
+from libddp import DDP, Comm
+
+comm = Comm.mpi()
+rank, world = comm.rank, comm.size
+failures = []
+
+
+def data(seed, r, n, dtype):
+    return np.random.default_rng([seed, r, n]).standard_normal(n).astype(dtype)
+
+
+def reference(seed, n, dtype, scale):
+    return sum(data(seed, r, n, dtype).astype(np.float64) for r in range(world)) * scale
+
+
+def close(got, want, dtype):
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    return np.allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def scenario(fn):
+    try:
+        fn()
+        print("rank %d: %s ok" % (rank, fn.__name__), flush=True)
+    except Exception as e:  # report and continue: every rank runs the same collectives
+        failures.append(fn.__name__)
+        print("rank %d: %s FAILED: %r" % (rank, fn.__name__, e), flush=True)
+
+
+SIZES = [1, 7, 300, 1000, 33]
+DTYPES = [np.float32, np.float64, np.float32, np.float64, np.float32]
+
+
+def copy_layout():
+    for cfg, scale in (({}, 1.0 / world), ({"gradient_predivide_factor": 2.0}, 1.0 / world),
+                       ({"gradient_average": False}, 1.0), ({"plan_order": "registration"}, 1.0 / world)):
+        with DDP(comm, message_size=500, **cfg) as ddp:
+            for it in range(3):
+                seed = 100 + it
+                grads = [data(seed, rank, n, dt) for n, dt in zip(SIZES, DTYPES)]
+                if it == 0:
+                    for g in grads:
+                        ddp.register(g)
+                order = np.random.default_rng([seed, rank, 7]).permutation(len(grads))
+                with ddp.backward():
+                    for i in order:
+                        ddp.grad_ready(int(i), grads[i])  # new storage every iteration (set_to_none)
+                for g, n, dt in zip(grads, SIZES, DTYPES):
+                    assert close(g, reference(seed, n, dt, scale), dt), (cfg, it, n)
+            s = ddp.stats
+            assert s.iterations == 3 and s.world_size == world and s.rank == rank, s
+            assert len(ddp.plan.buckets) >= 2, ddp.plan
+
+
+def arena_layout():
+    with DDP(comm, layout="arena", plan_order="registration", message_size=400) as ddp:
+        idx = [ddp.register(numel=n, dtype=dt) for n, dt in zip(SIZES, DTYPES)]
+        for it in range(2):
+            seed = 200 + it
+            with ddp.backward():
+                for i in reversed(idx):
+                    ddp.grad_array(i)[:] = data(seed, rank, SIZES[i], DTYPES[i])
+                    ddp.grad_ready(i)
+            for i in idx:
+                assert close(ddp.grad_array(i), reference(seed, SIZES[i], DTYPES[i], 1.0 / world), DTYPES[i])
+        assert ddp.stats.arena_bytes > 0
+
+
+def no_sync_accumulates():
+    g = np.zeros(50, np.float64)
+    with DDP(comm) as ddp:
+        i = ddp.register(g)
+        with ddp.no_sync():
+            with ddp.backward():
+                g += data(1, rank, 50, np.float64)
+                ddp.grad_ready(i)
+        assert np.array_equal(g, data(1, rank, 50, np.float64))  # local only
+        with ddp.backward():
+            g += data(2, rank, 50, np.float64)
+            ddp.grad_ready(i)
+        want = (reference(1, 50, np.float64, 1.0) + reference(2, 50, np.float64, 1.0)) / world
+        assert close(g, want, np.float64)
+
+
+def broadcast_from_root():
+    a = data(3, rank, 64, np.float32)
+    b = data(4, rank, 9, np.float64)
+    with DDP(comm) as ddp:
+        ddp.broadcast([a, b], root=world - 1)
+    assert np.array_equal(a, data(3, world - 1, 64, np.float32)) and np.array_equal(b, data(4, world - 1, 9, np.float64))
+
+
+def mismatch_raises_everywhere():
+    g = np.zeros(10 + (rank == world - 1), np.float32)
+    with DDP(comm) as ddp:
+        ddp.register(g)
+        try:
+            ddp.commit()
+        except libddp.MismatchError as e:
+            assert e.status == 3 and "ddp_" in e.message, e.message
+        else:
+            raise AssertionError("no MismatchError (world %d)" % world)
+
+
+def unused_grad_error():
+    g0, g1 = np.ones(5, np.float32), np.ones(6, np.float32)
+    with DDP(comm, plan_order="registration") as ddp:
+        ddp.register(g0)
+        ddp.register(g1)
+        ddp.begin_backward()
+        ddp.grad_ready(0)
+        try:
+            ddp.finish_backward()
+        except libddp.InvalidStateError as e:
+            assert "1" in e.message
+        else:
+            raise AssertionError("unused grad not reported")
+    g0[:] = 1
+    g1[:] = 1
+    with DDP(comm, unused_policy="zero") as ddp:
+        ddp.register(g0)
+        ddp.register(g1)
+        with ddp.backward():
+            ddp.grad_ready(1)
+        assert np.all(g0 == 0) and np.allclose(g1, 1.0), (g0, g1)
+
+
+for f in (copy_layout, arena_layout, no_sync_accumulates, broadcast_from_root, mismatch_raises_everywhere,
+          unused_grad_error):
+    scenario(f)
+comm.close()
+print("rank %d of %d: %d failed" % (rank, world, len(failures)), flush=True)
+sys.exit(1 if failures else 0)

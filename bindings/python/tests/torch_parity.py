@@ -1,0 +1,88 @@
+"""Run under mpirun: trains the same small model with libddp.torch.DistributedDataParallel and with
+torch.nn.parallel.DistributedDataParallel (Gloo over loopback) side by side and compares the grads at
+every step. Needs MASTER_PORT in the environment. Prints the largest relative difference per setting and
+exits 1 when one exceeds 1e-6."""
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import libddp
+import libddp.torch as ltorch
+
+STEPS = 5
+TOL = 1e-6
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+torch.set_num_threads(1)
+comm = libddp.Comm.mpi()
+assert comm.rank == rank and comm.size == world
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 4, 3)
+        self.fc1 = torch.nn.Linear(4 * 14, 32)
+        self.fc2 = torch.nn.Linear(32, 5)
+
+    def forward(self, x):
+        x = torch.tanh(self.conv(x)).flatten(1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 * step + rank)  # different data per rank and step
+    return torch.randn(8, 2, 16, generator=g), torch.randn(8, 5, generator=g)
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def run(layout, predivide, set_to_none):
+    torch.manual_seed(0)
+    ref_model = Net()
+    our_model = copy.deepcopy(ref_model)
+    ref = torch.nn.parallel.DistributedDataParallel(ref_model)
+    ours = ltorch.DistributedDataParallel(our_model, comm, layout=layout, message_size=300,
+                                          gradient_predivide_factor=predivide)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    worst, local_diff = 0.0, 0.0
+    for step in range(STEPS):
+        x, y = batch(step)
+        for model, opt in ((ref, opt_ref), (ours, opt_ours)):
+            opt.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        # a local (unreduced) grad, to show that reduction did happen
+        local = copy.deepcopy(ref_model)
+        local.zero_grad()
+        torch.nn.functional.mse_loss(local(x), y).backward()
+        for pr, po, pl in zip(ref_model.parameters(), our_model.parameters(), local.parameters()):
+            worst = max(worst, rel(po.grad, pr.grad))
+            local_diff = max(local_diff, rel(pl.grad, pr.grad))
+        opt_ref.step()
+        opt_ours.step()
+    pdiff = max(rel(a.data, b.data) for a, b in zip(our_model.parameters(), ref_model.parameters()))
+    buckets = len(ours.plan.buckets)
+    iters = ours.stats.iterations
+    ours.close()
+    return {"layout": layout, "predivide": predivide, "set_to_none": set_to_none, "max_rel_grad": worst,
+            "max_rel_param": pdiff, "local_vs_reduced": local_diff, "buckets": buckets, "iterations": iters}
+
+
+results = [run(layout, f, stn) for layout in ("copy", "arena") for f, stn in ((1.0, True), (float(world), False))]
+ok = all(r["max_rel_grad"] <= TOL and r["max_rel_param"] <= TOL and r["iterations"] == STEPS
+         and (world == 1 or r["local_vs_reduced"] > 1e-3) and r["buckets"] >= 2 for r in results)
+print("rank %d: %s" % (rank, json.dumps(results)), flush=True)
+comm.close()
+dist.destroy_process_group()
+print("rank %d: parity %s" % (rank, "ok" if ok else "FAILED"), flush=True)
+sys.exit(0 if ok else 1)
