@@ -382,6 +382,7 @@ void Context::begin_backward(void* stream) {
   learning_ = sync_ && cfg_.learned && !reducer_->plan().learned;
   if (learning_) learner_.reset(specs_.size());
   reducer_->begin(stream, iterations_);
+  user_stream_ = stream;
   begin_ns_ = now_ns();
   state_ = State::InBackward;
 }
@@ -423,7 +424,7 @@ void Context::learn_plan() {
   reducer_->unready_grads(&unready);
   reducer_->adopt(std::move(adopted), user_ptrs_);
   if (cfg_.arena) ++layout_epoch_;
-  reducer_->begin(nullptr, iterations_);
+  reducer_->begin(user_stream_, iterations_);
   std::vector<char> skip(specs_.size(), 0);
   for (int g : unready) skip[static_cast<size_t>(g)] = 1;
   const uint64_t t = now_ns();

@@ -103,6 +103,7 @@ class Context {
   uint64_t exposed_ns_ = 0, last_exposed_ns_ = 0;
   uint64_t layout_epoch_ = 0;
   uint64_t begin_ns_ = 0;
+  void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
 };
 
