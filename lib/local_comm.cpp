@@ -1,9 +1,11 @@
 #include "local_comm.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../kernels/elementwise.h"
@@ -30,26 +32,28 @@ struct Channel {
 
 class LocalGroup {
  public:
-  explicit LocalGroup(int n) : n_(n) {}
+  explicit LocalGroup(int n) : n_(n), made_(static_cast<size_t>(n), 0) {}
   int size() const { return n_; }
-  // The channel for the k-th duplicate (each rank's k-th dup is the same channel).
-  std::shared_ptr<Channel> channel(uint64_t k) {
+  // The channel named `key`. A communicator's key says how it was made ("3" for a rank's third
+  // ddp_comm_init_local, "3/1" for the first dup of that one), so the communicators that match across
+  // ranks are those made by the same sequence of calls on each of them, whatever else a rank makes.
+  std::shared_ptr<Channel> channel(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& c = channels_[k];
+    auto& c = channels_[key];
     if (!c) c = std::make_shared<Channel>(n_);
     return c;
   }
-  uint64_t next_channel_id(int rank) {
+  // The key of rank `rank`'s next communicator made straight from the group.
+  std::string next_root_key(int rank) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (dup_counts_.empty()) dup_counts_.assign(static_cast<size_t>(n_), 0);
-    return ++dup_counts_[static_cast<size_t>(rank)];
+    return std::to_string(++made_[static_cast<size_t>(rank)]);
   }
 
  private:
   int n_;
   std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Channel>> channels_;
-  std::vector<uint64_t> dup_counts_;
+  std::map<std::string, std::shared_ptr<Channel>> channels_;
+  std::vector<uint64_t> made_;
 };
 
 std::shared_ptr<LocalGroup> make_local_group(int nranks) { return std::make_shared<LocalGroup>(nranks); }
@@ -59,16 +63,15 @@ namespace {
 
 class LocalComm final : public Comm {
  public:
-  LocalComm(std::shared_ptr<LocalGroup> group, int rank, uint64_t channel_id)
-      : group_(std::move(group)), rank_(rank), channel_(group_->channel(channel_id)) {}
+  LocalComm(std::shared_ptr<LocalGroup> group, int rank, std::string key)
+      : group_(std::move(group)), rank_(rank), key_(std::move(key)), channel_(group_->channel(key_)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   Memory memory() const override { return Memory::Host; }
   const char* engine() const override { return "local"; }
   std::unique_ptr<Comm> dup() override {
-    uint64_t id = group_->next_channel_id(rank_);
-    return std::unique_ptr<Comm>(new LocalComm(group_, rank_, id));
+    return std::unique_ptr<Comm>(new LocalComm(group_, rank_, key_ + "/" + std::to_string(++dups_)));
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
@@ -157,6 +160,8 @@ class LocalComm final : public Comm {
 
   std::shared_ptr<LocalGroup> group_;
   int rank_;
+  std::string key_;
+  std::atomic<uint64_t> dups_{0};
   std::shared_ptr<Channel> channel_;
   std::vector<char> scratch_;
 };
@@ -164,7 +169,8 @@ class LocalComm final : public Comm {
 }  // namespace
 
 std::unique_ptr<Comm> make_local_comm(std::shared_ptr<LocalGroup> group, int rank) {
-  return std::unique_ptr<Comm>(new LocalComm(group, rank, 0));
+  std::string key = group->next_root_key(rank);
+  return std::unique_ptr<Comm>(new LocalComm(std::move(group), rank, std::move(key)));
 }
 
 }  // namespace ddp
