@@ -91,6 +91,8 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   rank_ = comm.rank();
   world_ = comm.size();
   ctrl_ = comm.dup();
+  // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
+  check_agreement(false);
   bcast_ = comm.dup();
   if (cfg_.stream_comms.empty()) {
     for (int i = 0; i < cfg_.num_streams; ++i) {
@@ -195,7 +197,7 @@ void Context::commit() {
 void Context::commit_locked() {
   if (state_ != State::Open) return;
   try {
-    check_agreement();
+    check_agreement(true);
     ReducerEnv env;
     env.device = device_.get();
     env.comms = comms_;
@@ -244,7 +246,7 @@ struct FirstDiff {
 };
 }  // namespace
 
-void Context::check_agreement() {
+void Context::check_agreement(bool registration) {
   Summary me;
   std::memset(&me, 0, sizeof me);
   uint64_t h = 1469598103934665603ull;
@@ -270,7 +272,7 @@ void Context::check_agreement() {
   me.average = cfg_.average;
   me.num_streams = cfg_.num_streams;
   me.unused_zero = cfg_.unused_zero;
-  me.memory = device_->memory() == Memory::Host ? 0 : 1;
+  me.memory = ctrl_->memory() == Memory::Host ? 0 : 1;
 
   const Deadline dl = Deadline::after_ms(cfg_.timeout_ms);
   std::vector<Summary> all(static_cast<size_t>(world_));
@@ -294,13 +296,16 @@ void Context::check_agreement() {
       {"inplace_min_numel", [](const Summary& s) { return double(s.inplace_min_numel); }},
       {"memory kind (1 = device)", [](const Summary& s) { return double(s.memory); }},
   };
-  for (const Field& f : fields) {
+  if (!registration) {
+    for (const Field& f : fields) {
     for (int r = 1; r < world_; ++r) {
       double a = f.get(all[0]), b = f.get(all[static_cast<size_t>(r)]);
       if (a != b)
         fail(DDP_ERR_MISMATCH, "ranks disagree on the config: %s is %.17g on rank 0 but %.17g on rank %d", f.name, a,
              b, r);
+      }
     }
+    return;
   }
   bool same = true;
   for (int r = 1; r < world_; ++r)

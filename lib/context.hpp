@@ -67,7 +67,8 @@ class Context {
   enum class State { Open, Idle, InBackward };
   void check_alive() const;
   void commit_locked();
-  void check_agreement();
+  // Collective: config fields (at creation) or the registration (at commit) agree on every rank.
+  void check_agreement(bool registration);
   void check_index(int index, const char* fn) const;
   void learn_plan();
   std::string unused_report(const std::vector<int>& unused);

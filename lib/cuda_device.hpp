@@ -1,0 +1,119 @@
+// The CUDA device: device memory, CUDA streams and events, the bucket kernels. Knows nothing of
+// buckets or plans: it packs and unpacks segment tables and orders streams as the reducer asks.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <vector>
+
+#include "backend.hpp"
+
+namespace ddp {
+
+// One macro for every CUDA runtime return code: a failure throws DDP_ERR_CUDA (an allocation failure
+// DDP_ERR_OUT_OF_MEMORY) naming the call and CUDA's error.
+[[noreturn]] void cuda_fail(cudaError_t rc, const char* call, const char* file, int line);
+#define DDP_CUDA_CHECK(call)                                                 \
+  do {                                                                       \
+    cudaError_t ddp_cuda_rc_ = (call);                                       \
+    if (ddp_cuda_rc_ != cudaSuccess) ::ddp::cuda_fail(ddp_cuda_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// Throws DDP_ERR_CUDA naming the cause when no CUDA device is usable (no driver, no device, or
+// CUDA_VISIBLE_DEVICES hides them all), DDP_ERR_INVALID_ARGUMENT when `device` is out of range.
+// device < 0 only checks that some device exists. Returns the number of devices.
+int require_cuda_device(int device);
+
+// Makes `device` current for its lifetime and restores the caller's current device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+  int device_;
+};
+
+// Something that enqueues work on a CUDA stream and can fail asynchronously (an NCCL communicator).
+class AsyncErrorSource {
+ public:
+  virtual ~AsyncErrorSource() = default;
+  // Throws if the source has failed asynchronously (ncclCommGetAsyncError).
+  virtual void check_async() = 0;
+  // Work of this source on a stream did not complete by its deadline: it is stuck.
+  virtual void mark_stalled() = 0;
+};
+
+// A bucket stream: a non-blocking CUDA stream. Tasks run on the submitting thread and only enqueue.
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int device, int index);
+  ~CudaStream() override;
+  void reserve(size_t) override {}
+  void submit(Task* task) override;
+  void drain(Deadline deadline) override;
+  bool synchronous() const override { return false; }
+  void* native() override { return stream_; }
+  void poll_error() override;
+  void cancel() override { cancelled_ = true; }
+
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  // The user's stream -> this stream, and back (one event each, reused: recording again is safe
+  // because waits capture the event's state when they are enqueued).
+  cudaEvent_t in_event() const { return in_event_; }
+  cudaEvent_t out_event() const { return out_event_; }
+  // `src` just enqueued work on this stream that must complete by `dl`.
+  void watch(AsyncErrorSource* src, Deadline dl);
+
+ private:
+  // True when every enqueued operation has finished. Throws on a CUDA error, an asynchronous error
+  // of a watched source, or a collective past its deadline.
+  bool idle();
+
+  int device_, index_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t in_event_ = nullptr, out_event_ = nullptr;
+  bool cancelled_ = false;
+  std::vector<AsyncErrorSource*> sources_;
+  Deadline pending_;       // the latest deadline of enqueued collectives
+  bool has_pending_ = false;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int device);
+  ~CudaDevice() override;
+  Memory memory() const override { return Memory::Device; }
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  std::unique_ptr<Stream> make_stream(int index) override;
+  void stream_wait_user(Stream& s, void* user_stream) override;
+  void user_wait_stream(void* user_stream, Stream& s) override;
+  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Stream& s) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Stream& s) override;
+  void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
+  void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
+  bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) override;
+
+  int device() const { return device_; }
+  // Times the tables were uploaded to the device (tests check that steady state uploads nothing).
+  uint64_t uploads() const { return uploads_; }
+
+ private:
+  struct TableState;
+  TableState& prepare(SegmentTable& table, const void* flat, size_t flat_elem, CudaStream& s);
+  CudaStream& cuda(Stream& s) const;
+
+  int device_;
+  unsigned* dev_flag_ = nullptr;   // has_nonfinite's result on the device
+  unsigned* host_flag_ = nullptr;  // and its pinned host copy
+  uint64_t uploads_ = 0;
+};
+
+}  // namespace ddp
