@@ -1,0 +1,141 @@
+"""The Pythonic layer on one process: Comm.self, in-process ranks, buffers, lifecycle, use after close."""
+import threading
+
+import numpy as np
+import pytest
+
+import libddp
+from libddp import DDP, Comm
+
+
+def test_version_and_library_path():
+    assert libddp.version() == 100
+    assert libddp.library_path.endswith(("libddp.so.0", "libddp.so"))
+
+
+def test_self_comm_lifecycle_with_numpy():
+    g = [np.arange(10, dtype=np.float32), np.linspace(0, 1, 7)]
+    with Comm.self() as c:
+        assert (c.rank, c.size) == (0, 1)
+        with DDP(c, message_size=8, gradient_predivide_factor=4.0) as d:
+            idx = [d.register(x) for x in g]
+            assert idx == [0, 1] and d.num_grads == 2
+            with d.backward():
+                for i in reversed(idx):
+                    d.grad_ready(i)
+            assert np.allclose(g[0], np.arange(10)) and np.allclose(g[1], np.linspace(0, 1, 7))
+            s = d.stats
+            assert s.iterations == 1 and s.world_size == 1 and s.buckets_reduced >= 2
+            p = d.plan
+            assert p.learned and sorted(i for b in p.buckets for i in b.grads) == [0, 1]
+            assert {b.dtype for b in p.buckets} == {"float32", "float64"}
+
+
+def test_buffers_of_every_kind():
+    torch = pytest.importorskip("torch")
+    a = np.zeros(6, np.float64)
+    t = torch.zeros(3, 4, dtype=torch.float32)
+    h = np.zeros(5, np.float16)
+    raw = np.zeros(8, np.float32)
+    with Comm.self() as c, DDP(c) as d:
+        d.register(a)
+        d.register(t)
+        d.register(h)
+        d.register((raw.ctypes.data, 8, "float32"))
+        d.register((raw.ctypes.data, 2, libddp.BF16))
+        d.commit()
+        assert d.grad_ptr(1) == t.data_ptr() and d.grad_ptr(3) == raw.ctypes.data
+        with pytest.raises(libddp.InvalidArgumentError, match="read-only"):
+            ro = np.zeros(3, np.float32)
+            ro.flags.writeable = False
+            libddp.buffer_info(ro)
+        with pytest.raises(libddp.InvalidArgumentError, match="contiguous"):
+            libddp.buffer_info(np.zeros((4, 4), np.float32)[:, 1])
+        with pytest.raises(libddp.InvalidArgumentError, match="contiguous"):
+            libddp.buffer_info(torch.zeros(4, 4).t())
+        with pytest.raises(libddp.InvalidArgumentError, match="dtype"):
+            libddp.buffer_info(np.zeros(3, np.int32))
+        with pytest.raises(libddp.InvalidArgumentError, match="has 6"):
+            d.set_grad(0, np.zeros(5, np.float64))
+
+
+def test_unknown_config_key_and_enum_names():
+    with Comm.self() as c:
+        with pytest.raises(TypeError, match="unknown config key"):
+            DDP(c, bucket_cap=3)
+        with pytest.raises(libddp.InvalidArgumentError, match="layout"):
+            DDP(c, layout="flat")
+        DDP(c, layout="arena", plan_order="registration", unused_policy="zero", check_finite=True,
+            timeout_ms=5000, num_streams=2, delay_allreduce=True).close()
+
+
+def test_use_after_close_raises_not_crashes():
+    c = Comm.self()
+    d = DDP(c)
+    i = d.register(np.zeros(3, np.float32))
+    d.close()
+    d.close()  # twice is fine
+    for call in (lambda: d.register(np.zeros(3, np.float32)), d.commit, lambda: d.grad_ptr(i), d.begin_backward,
+                 lambda: d.grad_ready(i), d.finish_backward, lambda: d.set_sync(True), d.reduce_all, d.synchronize,
+                 lambda: d.stats, lambda: d.plan, lambda: d.broadcast([np.zeros(1)]),
+                 lambda: d.set_grad(i, np.zeros(3, np.float32))):
+        with pytest.raises(libddp.ClosedError):
+            call()
+    c.close()
+    with pytest.raises(libddp.ClosedError):
+        c.rank
+    with pytest.raises(libddp.ClosedError):
+        DDP(c)
+    assert "closed" in repr(c)
+
+
+def test_ddp_outlives_its_comm():
+    c = Comm.self()
+    d = DDP(c)
+    c.close()
+    g = np.ones(4, np.float32)
+    d.register(g)
+    d.reduce_all()
+    assert np.all(g == 1)
+    d.close()
+
+
+def test_four_thread_ranks_reduce_and_arena():
+    n = 4
+    group = libddp.LocalGroup(n)
+    out = [None] * n
+    errs = []
+
+    def rank(r):
+        try:
+            with group.comm(r) as c, DDP(c, layout="arena", plan_order="registration", message_size=16) as d:
+                i = d.register(numel=40, dtype="f32")
+                j = d.register(numel=3, dtype=np.float64)
+                with d.backward():
+                    d.grad_array(i)[:] = r + 1
+                    d.grad_array(j)[:] = 10.0 * r
+                    d.grad_ready(j)
+                    d.grad_ready(i)
+                out[r] = (d.grad_array(i).copy(), d.grad_array(j).copy())
+        except Exception as e:
+            errs.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    group.close()
+    assert not errs, errs
+    for a, b in out:
+        assert np.allclose(a, 2.5) and np.allclose(b, 15.0)
+
+
+def test_no_sync_context():
+    g = np.zeros(3, np.float32)
+    with Comm.self() as c, DDP(c) as d:
+        i = d.register(g)
+        with d.no_sync():
+            with d.backward():
+                d.grad_ready(i)
+        with d.backward():
+            d.grad_ready(i)
+        assert d.stats.iterations == 1

@@ -1,0 +1,146 @@
+//! Raw declarations of `include/ddp.h`, one to one. Widths follow the header: `size_t` is `usize`,
+//! `int` is `c_int`, enums are `c_int`, handles are opaque pointers.
+#![allow(non_camel_case_types)]
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+pub type ddp_status_t = c_int;
+pub type ddp_dtype_t = c_int;
+
+pub const DDP_SUCCESS: ddp_status_t = 0;
+pub const DDP_ERR_INVALID_ARGUMENT: ddp_status_t = 1;
+pub const DDP_ERR_INVALID_STATE: ddp_status_t = 2;
+pub const DDP_ERR_MISMATCH: ddp_status_t = 3;
+pub const DDP_ERR_OUT_OF_MEMORY: ddp_status_t = 4;
+pub const DDP_ERR_UNSUPPORTED: ddp_status_t = 5;
+pub const DDP_ERR_CUDA: ddp_status_t = 6;
+pub const DDP_ERR_NCCL: ddp_status_t = 7;
+pub const DDP_ERR_MPI: ddp_status_t = 8;
+pub const DDP_ERR_TIMEOUT: ddp_status_t = 9;
+pub const DDP_ERR_ABORTED: ddp_status_t = 10;
+pub const DDP_ERR_INTERNAL: ddp_status_t = 11;
+
+pub const DDP_F16: ddp_dtype_t = 0;
+pub const DDP_BF16: ddp_dtype_t = 1;
+pub const DDP_F32: ddp_dtype_t = 2;
+pub const DDP_F64: ddp_dtype_t = 3;
+pub const DDP_LAYOUT_COPY: c_int = 0;
+pub const DDP_LAYOUT_ARENA: c_int = 1;
+pub const DDP_PLAN_LEARNED: c_int = 0;
+pub const DDP_PLAN_REGISTRATION: c_int = 1;
+pub const DDP_UNUSED_ERROR: c_int = 0;
+pub const DDP_UNUSED_ZERO: c_int = 1;
+pub const DDP_GRAD_TRIGGER: c_uint = 1;
+pub const DDP_CONFIG_MAGIC: u32 = 0xDD9C0F16;
+pub const DDP_CONFIG_VERSION: u32 = 1;
+
+#[repr(C)]
+pub struct ddp_comm {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct ddp_local_group {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct ddp_context {
+    _private: [u8; 0],
+}
+pub type ddp_comm_t = *mut ddp_comm;
+pub type ddp_local_group_t = *mut ddp_local_group;
+pub type ddp_t = *mut ddp_context;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ddp_nccl_id_t {
+    pub bytes: [c_char; 128],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ddp_config_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub message_size: usize,
+    pub delay_allreduce: c_int,
+    pub layout: c_int,
+    pub plan_order: c_int,
+    pub allreduce_always_fp32: c_int,
+    pub gradient_average: c_int,
+    pub gradient_predivide_factor: f64,
+    pub num_streams: c_int,
+    pub stream_comms: *const ddp_comm_t,
+    pub timeout_ms: i64,
+    pub unused_policy: c_int,
+    pub timeline_path: *const c_char,
+    pub check_finite: c_int,
+    pub inplace_min_numel: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ddp_stats_t {
+    pub size: usize,
+    pub iterations: u64,
+    pub buckets_reduced: u64,
+    pub bytes_reduced: u64,
+    pub comm_time_ns: u64,
+    pub exposed_time_ns: u64,
+    pub last_exposed_ns: u64,
+    pub library_bytes: u64,
+    pub arena_bytes: u64,
+    pub nonfinite_buckets: u64,
+    pub layout_epoch: u64,
+    pub world_size: c_int,
+    pub rank: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ddp_bucket_info_t {
+    pub dtype: ddp_dtype_t,
+    pub wire: ddp_dtype_t,
+    pub numel: usize,
+    pub num_grads: c_int,
+    pub stream: c_int,
+}
+
+extern "C" {
+    pub fn ddp_status_string(status: ddp_status_t) -> *const c_char;
+    pub fn ddp_last_error() -> *const c_char;
+    pub fn ddp_version() -> c_int;
+    pub fn ddp_comm_init_mpi(mpi_comm: *const c_void, comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_init_self(comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_local_group_create(nranks: c_int, group: *mut ddp_local_group_t) -> ddp_status_t;
+    pub fn ddp_comm_init_local(group: ddp_local_group_t, rank: c_int, comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_local_group_destroy(group: ddp_local_group_t) -> ddp_status_t;
+    pub fn ddp_nccl_get_unique_id(id: *mut ddp_nccl_id_t) -> ddp_status_t;
+    pub fn ddp_comm_init_nccl(id: *const ddp_nccl_id_t, nranks: c_int, rank: c_int, cuda_device: c_int,
+                              comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_init_nccl_mpi(mpi_comm: *const c_void, cuda_device: c_int, comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_wrap_nccl(nccl_comm: *mut c_void, comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
+    pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;
+    pub fn ddp_comm_destroy(comm: ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_config_init(config: *mut ddp_config_t) -> ddp_status_t;
+    pub fn ddp_create(comm: ddp_comm_t, config: *const ddp_config_t, ddp: *mut ddp_t) -> ddp_status_t;
+    pub fn ddp_register_grad(ddp: ddp_t, grad: *mut c_void, numel: usize, dtype: ddp_dtype_t, flags: c_uint,
+                             index: *mut c_int) -> ddp_status_t;
+    pub fn ddp_commit(ddp: ddp_t) -> ddp_status_t;
+    pub fn ddp_grad_ptr(ddp: ddp_t, index: c_int, grad: *mut *mut c_void) -> ddp_status_t;
+    pub fn ddp_set_grad_ptr(ddp: ddp_t, index: c_int, grad: *mut c_void) -> ddp_status_t;
+    pub fn ddp_begin_backward(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_grad_ready(ddp: ddp_t, index: c_int) -> ddp_status_t;
+    pub fn ddp_grad_ready_ptr(ddp: ddp_t, index: c_int, grad: *mut c_void) -> ddp_status_t;
+    pub fn ddp_finish_backward(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_set_sync(ddp: ddp_t, enabled: c_int) -> ddp_status_t;
+    pub fn ddp_reduce_all(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_broadcast(ddp: ddp_t, buffers: *const *mut c_void, counts: *const usize, dtypes: *const ddp_dtype_t,
+                         n: c_int, root: c_int, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_synchronize(ddp: ddp_t) -> ddp_status_t;
+    pub fn ddp_get_stats(ddp: ddp_t, stats: *mut ddp_stats_t) -> ddp_status_t;
+    pub fn ddp_get_plan(ddp: ddp_t, num_buckets: *mut c_int, learned: *mut c_int) -> ddp_status_t;
+    pub fn ddp_get_bucket(ddp: ddp_t, bucket: c_int, info: *mut ddp_bucket_info_t, grads: *mut c_int,
+                          capacity: usize) -> ddp_status_t;
+    pub fn ddp_destroy(ddp: ddp_t) -> ddp_status_t;
+}
