@@ -1,0 +1,70 @@
+# The CUDA backend: the CUDA device, its kernels and the NCCL communicator. Built when HAVE_CUDA=1
+# (CUDA=auto finds nvcc under CUDA_HOME; CUDA=0 turns it off). Without it lib/nccl_stub.cpp answers
+# every NCCL entry point with DDP_ERR_UNSUPPORTED.
+NCCL_HOME ?= $(CUDA_HOME)
+CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+                -gencode arch=compute_90,code=compute_90
+
+ifeq ($(HAVE_CUDA),1)
+CUDA_BACKEND := 1
+CUDA_INC := -isystem $(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-isystem $(NCCL_HOME)/include,)
+CUDA_LIBDIRS := $(sort $(CUDA_HOME)/lib64 $(NCCL_HOME)/lib64)
+NVCCFLAGS_ALL := -std=c++17 $(if $(filter 1,$(DEBUG)),-O0 -g,-O3) $(CUDA_GENCODE) -Iinclude \
+                 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter $(NVCCFLAGS)
+KERNEL_SRCS := $(wildcard kernels/*.cu)
+KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(KERNEL_SRCS))
+LIB_EXTRA_OBJS += $(KERNEL_OBJS)
+LIB_CXX_SRCS += lib/cuda_device.cpp lib/nccl_comm.cpp
+LIB_LDLIBS += $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudart -lnccl -ldl
+
+$(BUILD)/obj/lib/cuda_device.o $(BUILD)/obj/lib/nccl_comm.o: CXXFLAGS_ALL += $(CUDA_INC)
+
+$(BUILD)/obj/kernels/%.o: kernels/%.cu
+	$(call say,NVCC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(NVCC) $(NVCCFLAGS_ALL) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+# GPU tests: doctest programs that skip when no CUDA device is visible. (This file is read before
+# the Makefile defines SHARED and STATIC, so prerequisites spell the library paths out.)
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.cpp) tests/gpu/main.cpp
+GPU_TEST_BIN  := $(BUILD)/tests/gpu_tests
+GPU_BENCH_BIN := $(BUILD)/tests/gpu_bench_flatten
+
+$(BUILD)/tests/gpu/%.o: tests/gpu/%.cpp
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(CXXFLAGS_ALL) $(CUDA_INC) $(DOCTEST_CFLAGS) -Ilib -c $< -o $@
+
+$(GPU_TEST_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(GPU_TEST_SRCS)) $(BUILD)/lib/libddp.a
+	$(call say,LINK,$@)
+	$(Q)$(CXX) -o $@ $^ $(LDFLAGS_ALL) $(LIB_LDLIBS)
+
+$(GPU_BENCH_BIN): $(BUILD)/tests/gpu/bench_flatten.o $(BUILD)/lib/libddp.a
+	$(call say,LINK,$@)
+	$(Q)$(CXX) -o $@ $^ $(LDFLAGS_ALL) $(LIB_LDLIBS)
+
+.PHONY: gpu-tests gpu-bench
+gpu-tests: $(GPU_TEST_BIN)
+gpu-bench: $(GPU_BENCH_BIN)
+
+suite-gpu: $(GPU_TEST_BIN)
+	$(Q)tests/gpu/suite.sh $(GPU_TEST_BIN)
+else
+suite-gpu:
+	@echo "gpu: skipped: built without CUDA (CUDA=0, or no nvcc under CUDA_HOME=$(CUDA_HOME))"
+	@echo "gpu: 0 passed, 0 failed, 1 skipped"
+endif
+
+# The NCCL entry points where no device can be used: built and run in every build. It hides every
+# GPU (CUDA_VISIBLE_DEVICES=) so that it tests the same path on any machine.
+NODEVICE_BIN := $(BUILD)/tests/nccl_nodevice
+$(NODEVICE_BIN): tests/gpu/nccl_nodevice.c include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) -std=c99 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD)/lib -lddp \
+	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(SAN)
+
+SUITES += gpu nccl-nodevice
+.PHONY: suite-gpu suite-nccl-nodevice
+suite-nccl-nodevice: $(NODEVICE_BIN)
+	$(Q)CUDA_VISIBLE_DEVICES= $(NODEVICE_BIN) $(if $(filter 1,$(CUDA_BACKEND)),1,0)

@@ -1,0 +1,344 @@
+// The whole GPU path through the C API on a one-rank NCCL communicator (the collective still runs):
+// copy and arena layouts, every dtype, 1 and 4 streams, the fused (ncclAvg, PreMulSum) and unfused
+// (scaling folded into the kernels) paths, allreduce_always_fp32, moved grads, unused grads, bad device
+// pointers, ordering against the caller's stream, check_finite, ddp_reduce_all and ddp_broadcast.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu_test.hpp"
+
+using gt::dsize;
+
+namespace {
+
+struct Nccl {
+  ddp_comm_t comm = nullptr;
+  Nccl() {
+    ddp_nccl_id_t id;
+    DDP_OK(ddp_nccl_get_unique_id(&id));
+    DDP_OK(ddp_comm_init_nccl(&id, 1, 0, 0, &comm));
+  }
+  ~Nccl() { ddp_comm_destroy(comm); }
+};
+
+struct Grad {
+  size_t numel;
+  ddp_dtype_t dtype;
+  void* ptr;
+  std::vector<double> value;
+};
+
+// A mix of every dtype and of sizes around the bucket threshold.
+std::vector<Grad> make_grads(std::mt19937_64& rng, bool all_dtypes) {
+  std::vector<Grad> g;
+  const size_t sizes[] = {1, 33, 1000, 4097, 20000, 3};
+  for (int i = 0; i < 14; ++i) {
+    ddp_dtype_t d = all_dtypes ? static_cast<ddp_dtype_t>(i % 4) : DDP_F32;
+    g.push_back(Grad{sizes[static_cast<size_t>(i) % 6] + static_cast<size_t>(rng() % 5), d, nullptr, {}});
+  }
+  return g;
+}
+
+double scale_of(const ddp_config_t& c, int world) {
+  return c.gradient_average ? 1.0 / world : 1.0 / c.gradient_predivide_factor;
+}
+
+// One backward: fresh values written on `stream` just before each grad is marked ready (so that a
+// missing stream dependency shows), grads marked in a shuffled order, finish on the same stream.
+void iterate(ddp_t ddp, std::vector<Grad>& g, std::mt19937_64& rng, cudaStream_t stream, bool arena,
+             const std::vector<int>& skip = {}) {
+  DDP_OK(ddp_begin_backward(ddp, stream));
+  std::vector<int> order(g.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::vector<char>> staged(g.size());
+  for (int i : order) {
+    Grad& x = g[static_cast<size_t>(i)];
+    if (arena) DDP_OK(ddp_grad_ptr(ddp, i, &x.ptr));
+    x.value = gt::random_values(rng, x.numel, x.dtype);
+    staged[static_cast<size_t>(i)] = gt::encode(x.value, x.dtype);
+    CUDA_OK(cudaMemcpyAsync(x.ptr, staged[static_cast<size_t>(i)].data(), staged[static_cast<size_t>(i)].size(),
+                            cudaMemcpyHostToDevice, stream));
+    if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
+    DDP_OK(ddp_grad_ready(ddp, i));
+  }
+  ddp_status_t st = ddp_finish_backward(ddp, stream);
+  if (skip.empty()) REQUIRE_MESSAGE(st == DDP_SUCCESS, ddp_last_error());
+  CUDA_OK(cudaStreamSynchronize(stream));
+}
+
+size_t check_grads(ddp_t ddp, const std::vector<Grad>& g, double scale, bool arena, const std::vector<int>& zero = {}) {
+  size_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    void* p = g[i].ptr;
+    if (arena) REQUIRE(ddp_grad_ptr(ddp, static_cast<int>(i), &p) == DDP_SUCCESS);
+    std::vector<double> want(g[i].value);
+    const bool z = std::find(zero.begin(), zero.end(), static_cast<int>(i)) != zero.end();
+    for (double& x : want) x = z ? 0.0 : x * scale;
+    bad += gt::mismatches(gt::download(p, g[i].numel, g[i].dtype), want, g[i].dtype,
+                          ("grad " + std::to_string(i)).c_str());
+  }
+  return bad;
+}
+
+void alloc_grads(std::vector<Grad>& g) {
+  for (Grad& x : g) CUDA_OK(cudaMalloc(&x.ptr, x.numel * dsize(x.dtype)));
+}
+void free_grads(std::vector<Grad>& g) {
+  for (Grad& x : g) cudaFree(x.ptr);
+}
+// Registers every grad (arena: storage from the library).
+void register_all(ddp_t ddp, const std::vector<Grad>& g, bool arena) {
+  for (const Grad& x : g) {
+    int idx = -1;
+    DDP_OK(ddp_register_grad(ddp, arena ? nullptr : x.ptr, x.numel, x.dtype, 0, &idx));
+  }
+}
+
+}  // namespace
+
+GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dtype, float64 reference") {
+  std::mt19937_64 rng(gt::seed() + 10);
+  Nccl nc;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Scaling {
+    int average;
+    double predivide;
+    const char* path;
+  };
+  // With NCCL >= 2.11: Avg fused; PreMulSum fused and f/world folded into unpack; PreMulSum alone; plain sum.
+  const Scaling scalings[] = {{1, 1.0, "avg"}, {1, 4.0, "premul + unpack scale"}, {0, 2.0, "premul"},
+                              {0, 1.0, "sum"}};
+  for (int arena = 0; arena < 2; ++arena) {
+    for (int ns : {1, 4}) {
+      for (const Scaling& sc : scalings) {
+        for (int fp32 = 0; fp32 < 2; ++fp32) {
+          CAPTURE(arena);
+          CAPTURE(ns);
+          CAPTURE(sc.path);
+          CAPTURE(fp32);
+          ddp_config_t cfg;
+          DDP_OK(ddp_config_init(&cfg));
+          cfg.layout = arena ? DDP_LAYOUT_ARENA : DDP_LAYOUT_COPY;
+          cfg.plan_order = (ns + fp32) % 2 ? DDP_PLAN_REGISTRATION : DDP_PLAN_LEARNED;
+          cfg.num_streams = ns;
+          cfg.message_size = 5000;
+          cfg.gradient_average = sc.average;
+          cfg.gradient_predivide_factor = sc.predivide;
+          cfg.allreduce_always_fp32 = fp32;
+          cfg.timeout_ms = 60000;
+          ddp_t ddp = nullptr;
+          DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+          std::vector<Grad> g = make_grads(rng, true);
+          if (!arena) alloc_grads(g);
+          register_all(ddp, g, arena != 0);
+          for (int it = 0; it < 3; ++it) {
+            CAPTURE(it);
+            iterate(ddp, g, rng, stream, arena != 0);
+            CHECK(check_grads(ddp, g, scale_of(cfg, 1), arena != 0) == 0);
+          }
+          ddp_stats_t st;
+          st.size = sizeof st;
+          DDP_OK(ddp_get_stats(ddp, &st));
+          CHECK(st.iterations == 3);
+          CHECK(st.buckets_reduced >= 3 * 4);
+          DDP_OK(ddp_destroy(ddp));
+          if (!arena) free_grads(g);
+        }
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+GPU_TEST_CASE("nccl world 1: grads that move between iterations, in-place large grads, reduce_all") {
+  std::mt19937_64 rng(gt::seed() + 11);
+  Nccl nc;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.message_size = 30000;
+  cfg.inplace_min_numel = 15000;  // the 20000-element grads are reduced in place, grouped with the bucket
+  cfg.gradient_predivide_factor = 8.0;
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+  std::vector<Grad> g = make_grads(rng, false);
+  alloc_grads(g);
+  register_all(ddp, g, false);
+  iterate(ddp, g, rng, stream, false);
+  CHECK(check_grads(ddp, g, 1.0, false) == 0);
+  // PyTorch's set_to_none: every grad gets new storage.
+  for (Grad& x : g) {
+    void* old = x.ptr;
+    CUDA_OK(cudaMalloc(&x.ptr, x.numel * dsize(x.dtype)));
+    cudaFree(old);
+  }
+  DDP_OK(ddp_begin_backward(ddp, stream));
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i].value = gt::random_values(rng, g[i].numel, g[i].dtype);
+    gt::upload(g[i].ptr, g[i].value, g[i].dtype, stream);
+    DDP_OK(ddp_grad_ready_ptr(ddp, static_cast<int>(i), g[i].ptr));
+  }
+  DDP_OK(ddp_finish_backward(ddp, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CHECK(check_grads(ddp, g, 1.0, false) == 0);
+  // apex Reducer.reduce()
+  for (Grad& x : g) {
+    x.value = gt::random_values(rng, x.numel, x.dtype);
+    gt::upload(x.ptr, x.value, x.dtype, stream);
+  }
+  DDP_OK(ddp_reduce_all(ddp, stream));
+  DDP_OK(ddp_synchronize(ddp));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CHECK(check_grads(ddp, g, 1.0, false) == 0);
+  DDP_OK(ddp_destroy(ddp));
+  free_grads(g);
+  cudaStreamDestroy(stream);
+}
+
+GPU_TEST_CASE("nccl world 1: unused grads, zero policy and error policy") {
+  std::mt19937_64 rng(gt::seed() + 12);
+  Nccl nc;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int policy : {DDP_UNUSED_ZERO, DDP_UNUSED_ERROR}) {
+    for (int arena = 0; arena < 2; ++arena) {
+      CAPTURE(policy);
+      CAPTURE(arena);
+      ddp_config_t cfg;
+      DDP_OK(ddp_config_init(&cfg));
+      cfg.unused_policy = policy;
+      cfg.layout = arena ? DDP_LAYOUT_ARENA : DDP_LAYOUT_COPY;
+      cfg.plan_order = DDP_PLAN_REGISTRATION;
+      cfg.message_size = 3000;
+      ddp_t ddp = nullptr;
+      DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+      std::vector<Grad> g = make_grads(rng, true);
+      if (!arena) alloc_grads(g);
+      register_all(ddp, g, arena != 0);
+      const std::vector<int> skip = {2, 9};
+      iterate(ddp, g, rng, stream, arena != 0, skip);
+      // Whatever the policy, the skipped grads were reduced as zeros.
+      CHECK(check_grads(ddp, g, 1.0, arena != 0, skip) == 0);
+      // Next iteration: everything ready again, the zero flags are cleared.
+      iterate(ddp, g, rng, stream, arena != 0);
+      CHECK(check_grads(ddp, g, 1.0, arena != 0) == 0);
+      DDP_OK(ddp_destroy(ddp));
+      if (!arena) free_grads(g);
+    }
+  }
+  // The error policy's status and message.
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+  void* a = nullptr;
+  void* b = nullptr;
+  CUDA_OK(cudaMalloc(&a, 4096));
+  CUDA_OK(cudaMalloc(&b, 4096));
+  int ia, ib;
+  DDP_OK(ddp_register_grad(ddp, a, 1024, DDP_F32, 0, &ia));
+  DDP_OK(ddp_register_grad(ddp, b, 1024, DDP_F32, 0, &ib));
+  DDP_OK(ddp_begin_backward(ddp, stream));
+  DDP_OK(ddp_grad_ready(ddp, ia));
+  CHECK(ddp_finish_backward(ddp, stream) == DDP_ERR_INVALID_STATE);
+  CHECK(std::string(ddp_last_error()).find("rank 0: grad 1") != std::string::npos);
+  DDP_OK(ddp_destroy(ddp));
+  cudaFree(a);
+  cudaFree(b);
+  cudaStreamDestroy(stream);
+}
+
+GPU_TEST_CASE("nccl world 1: a host pointer registered as a grad fails cleanly, then the context is aborted") {
+  Nccl nc;
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+  std::vector<float> host(4096, 1.0f);
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, 4096 * 4));
+  int i0, i1;
+  DDP_OK(ddp_register_grad(ddp, dev, 4096, DDP_F32, 0, &i0));
+  DDP_OK(ddp_register_grad(ddp, host.data(), 4096, DDP_F32, 0, &i1));
+  DDP_OK(ddp_begin_backward(ddp, nullptr));
+  DDP_OK(ddp_grad_ready(ddp, i0));
+  ddp_status_t st = ddp_grad_ready(ddp, i1);  // completes the bucket: its launch finds the host pointer
+  CHECK(st == DDP_ERR_CUDA);
+  CHECK(std::string(ddp_last_error()).find("not memory CUDA device") != std::string::npos);
+  CHECK(ddp_finish_backward(ddp, nullptr) == DDP_ERR_ABORTED);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);  // nothing faulted on the device
+  DDP_OK(ddp_destroy(ddp));
+  cudaFree(dev);
+}
+
+GPU_TEST_CASE("nccl world 1: check_finite counts buckets with NaN, and ddp_broadcast keeps root's values") {
+  std::mt19937_64 rng(gt::seed() + 13);
+  Nccl nc;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  cfg.check_finite = 1;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.message_size = 1000;
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+  std::vector<Grad> g(3, Grad{1000, DDP_F32, nullptr, {}});
+  alloc_grads(g);
+  register_all(ddp, g, false);
+  DDP_OK(ddp_begin_backward(ddp, stream));
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i].value = gt::random_values(rng, g[i].numel, g[i].dtype);
+    if (i == 1) g[i].value[17] = std::nan("");
+    gt::upload(g[i].ptr, g[i].value, g[i].dtype, stream);
+    DDP_OK(ddp_grad_ready(ddp, static_cast<int>(i)));
+  }
+  DDP_OK(ddp_finish_backward(ddp, stream));
+  DDP_OK(ddp_synchronize(ddp));
+  ddp_stats_t st;
+  st.size = sizeof st;
+  DDP_OK(ddp_get_stats(ddp, &st));
+  CHECK(st.nonfinite_buckets == 1);
+
+  std::vector<double> v = gt::random_values(rng, 777, DDP_BF16);
+  void* buf = nullptr;
+  CUDA_OK(cudaMalloc(&buf, 777 * 2));
+  gt::upload(buf, v, DDP_BF16);
+  void* bufs[] = {buf};
+  size_t counts[] = {777};
+  ddp_dtype_t types[] = {DDP_BF16};
+  DDP_OK(ddp_broadcast(ddp, bufs, counts, types, 1, 0, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CHECK(gt::mismatches(gt::download(buf, 777, DDP_BF16), v, DDP_F64, "broadcast") == 0);
+  CHECK(ddp_broadcast(ddp, bufs, counts, types, 1, 1, stream) == DDP_ERR_INVALID_ARGUMENT);
+  cudaFree(buf);
+  DDP_OK(ddp_destroy(ddp));
+  free_grads(g);
+  cudaStreamDestroy(stream);
+}
+
+GPU_TEST_CASE("nccl: wrapped communicators are borrowed, and bad arguments are refused") {
+  Nccl nc;
+  ddp_comm_t wrapped = nullptr;
+  // A comm made by libddp cannot be unwrapped from the C API; the id path covers ncclCommInitRank and
+  // the context's duplicates cover ncclCommSplit. Here: argument checks of the NCCL entry points.
+  CHECK(ddp_comm_wrap_nccl(nullptr, &wrapped) == DDP_ERR_INVALID_ARGUMENT);
+  ddp_nccl_id_t id;
+  DDP_OK(ddp_nccl_get_unique_id(&id));
+  ddp_comm_t c = nullptr;
+  CHECK(ddp_comm_init_nccl(&id, 1, 0, 4096, &c) == DDP_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ddp_last_error()).find("does not exist") != std::string::npos);
+  CHECK(c == nullptr);
+  int rank = -1, size = -1;
+  DDP_OK(ddp_comm_rank(nc.comm, &rank));
+  DDP_OK(ddp_comm_size(nc.comm, &size));
+  CHECK(rank == 0);
+  CHECK(size == 1);
+}
