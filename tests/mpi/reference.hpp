@@ -4,6 +4,7 @@
 // the library's), and the tolerance rules.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,10 +32,12 @@ inline float round_bf16(float f) {
   if (std::isnan(f) || std::isinf(f) || f == 0.0f) return f;
   int e;
   std::frexp(static_cast<double>(f), &e);  // |f| in [2^(e-1), 2^e)
-  double ulp = std::ldexp(1.0, e - 8);     // 8 significant bits
+  double ulp = std::ldexp(1.0, std::max(e - 8, -133));  // 8 significant bits; subnormals below 2^-126
   double q = static_cast<double>(f) / ulp;
   double r = std::nearbyint(q);  // default rounding mode: nearest even
-  return static_cast<float>(r * ulp);
+  double v = r * ulp;
+  if (std::fabs(v) >= 3.40282356779733661637539395458142568448e38) return f > 0 ? INFINITY : -INFINITY;  // past FLT_MAX + ulp/2
+  return static_cast<float>(v);
 }
 
 inline double quantize(double v, ddp_dtype_t d) {
