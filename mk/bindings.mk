@@ -1,0 +1,22 @@
+# Bindings: Python (ctypes), Rust (libddp-sys + libddp), Julia (ccall). Suites: python, rust, julia.
+# Each runs against $(BUILD)/lib; Python is Debian's /usr/bin/python3 (where python3-torch lives).
+PYTHON_BIN ?= /usr/bin/python3
+JULIA      ?= julia
+BIND_MPIRUN := $(if $(filter 1,$(HAVE_MPI)),$(MPIRUN),)
+
+SUITES += python rust julia
+.PHONY: suite-python suite-rust suite-julia
+
+suite-python: $(SHARED)
+	$(Q)LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(or $(BIND_MPIRUN),mpirun-missing)" \
+	  $(PYTHON_BIN) bindings/python/tests/run.py
+
+suite-rust: $(SHARED)
+	$(Q)bindings/rust/run_suite.sh $(abspath $(BUILD)/lib) $(abspath $(BUILD)/rust) "$(BIND_MPIRUN)"
+
+suite-julia: $(SHARED)
+	$(Q)if command -v $(JULIA) >/dev/null 2>&1; then \
+	  LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(BIND_MPIRUN)" bindings/julia/run_suite.sh $(JULIA); \
+	else \
+	  echo "julia: skipped: $(JULIA) is not on PATH"; echo "julia: 0 passed, 0 failed, 1 skipped"; \
+	fi
