@@ -1,5 +1,6 @@
 """The low layer must match include/ddp.h: every function with its exact types, structs, constants."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,3 +70,25 @@ def test_drift_test_fails_on_a_copy_with_a_declaration_removed(tmp_path):
     out = p.stdout.decode()
     assert p.returncode != 0, out
     assert "ddp_set_grad_ptr: declared in ddp.h, missing from the Python layer" in out, out
+
+
+def _struct_fields_in(text, pattern):
+    m = re.search(pattern, text, re.S)
+    assert m, pattern
+    return re.findall(r"^\s*(?:pub )?(\w+)\s*(?::|::)", m.group(1), re.M)
+
+
+def test_rust_and_julia_layers_declare_every_function_and_field():
+    """The other bindings, checked by name: every function of ddp.h and every struct field, in order."""
+    decl = set(header_check.parse_functions(HEADER))
+    structs = header_check.parse_structs(HEADER)
+    rs = open(os.path.join(ROOT, "bindings", "rust", "libddp-sys", "src", "lib.rs")).read()
+    jl = open(os.path.join(ROOT, "bindings", "julia", "LibDDP.jl")).read()
+    assert set(re.findall(r"pub fn (ddp_\w+)\(", rs)) == decl
+    jl_funcs = re.search(r"const FUNCTIONS = \((.*?)\)\n", jl, re.S).group(1)
+    assert set(re.findall(r":(ddp_\w+)", jl_funcs)) == decl
+    for cname, rname, jname in (("ddp_config_t", "ddp_config_t", "Config"), ("ddp_stats_t", "ddp_stats_t", "Stats"),
+                                ("ddp_bucket_info_t", "ddp_bucket_info_t", "BucketInfo")):
+        want = [f for f, _, _ in structs[cname]]
+        assert _struct_fields_in(rs, r"pub struct %s \{(.*?)\n\}" % rname) == want, rname
+        assert _struct_fields_in(jl, r"struct %s\n(.*?)\nend" % jname) == want, jname

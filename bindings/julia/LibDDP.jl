@@ -1,0 +1,305 @@
+"""
+    LibDDP
+
+Julia bindings for libddp (include/ddp.h) over `ccall`. Handles (`Comm`, `DDP`) carry finalizers and
+can be closed early with `close`; every failing call throws `DDPError(status, message)` with the
+library's message. Grad indices are the library's (0-based). The library is `ENV["LIBDDP_PATH"]`
+(a file or a directory) or `libddp.so.0` on the system search path.
+"""
+module LibDDP
+
+using Libdl
+
+export Comm, DDP, DDPError, register!, begin_backward, grad_ready, finish_backward, backward, set_sync,
+       no_sync, reduce_all, synchronize, stats, plan, grad_array, rank, nranks
+
+const SUCCESS = 0
+const ERR_INVALID_ARGUMENT = 1
+const ERR_INVALID_STATE = 2
+const ERR_MISMATCH = 3
+const ERR_OUT_OF_MEMORY = 4
+const ERR_UNSUPPORTED = 5
+const ERR_CUDA = 6
+const ERR_NCCL = 7
+const ERR_MPI = 8
+const ERR_TIMEOUT = 9
+const ERR_ABORTED = 10
+const ERR_INTERNAL = 11
+
+const F16, BF16, F32, F64 = Cint(0), Cint(1), Cint(2), Cint(3)
+dtype_of(::Type{Float16}) = F16
+dtype_of(::Type{Float32}) = F32
+dtype_of(::Type{Float64}) = F64
+
+const LIB = Ref{Ptr{Cvoid}}(C_NULL)
+const SYMS = Dict{Symbol,Ptr{Cvoid}}()
+# Every function of ddp.h; resolved once at load so that finalizers only read the table.
+const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_init_mpi, :ddp_comm_init_self,
+                   :ddp_local_group_create, :ddp_comm_init_local, :ddp_local_group_destroy, :ddp_nccl_get_unique_id,
+                   :ddp_comm_init_nccl, :ddp_comm_init_nccl_mpi, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
+                   :ddp_comm_destroy, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
+                   :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
+                   :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
+                   :ddp_get_bucket, :ddp_destroy)
+
+function libpath()
+    p = get(ENV, "LIBDDP_PATH", "")
+    isempty(p) && return "libddp.so.0"
+    return isdir(p) ? joinpath(p, "libddp.so.0") : p
+end
+
+function __init__()
+    # RTLD_GLOBAL: Open MPI's plugins resolve libmpi symbols globally.
+    LIB[] = Libdl.dlopen(libpath(), Libdl.RTLD_NOW | Libdl.RTLD_GLOBAL)
+    for f in FUNCTIONS
+        SYMS[f] = Libdl.dlsym(LIB[], f)
+    end
+end
+
+sym(name::Symbol) = SYMS[name]
+
+"""A failed libddp call: `status` (a ddp_status_t) and the library's `message`."""
+struct DDPError <: Exception
+    status::Int
+    message::String
+end
+Base.showerror(io::IO, e::DDPError) = print(io, "DDPError(", e.status, ", ", status_string(e.status), "): ", e.message)
+
+status_string(s::Integer) = unsafe_string(ccall(sym(:ddp_status_string), Cstring, (Cint,), s))
+last_error() = unsafe_string(ccall(sym(:ddp_last_error), Cstring, ()))
+version() = Int(ccall(sym(:ddp_version), Cint, ()))
+
+check(st::Cint) = st == 0 ? nothing : throw(DDPError(Int(st), last_error()))
+
+# ---- structs, laid out as in ddp.h -------------------------------------------------------------
+mutable struct Config
+    size::Csize_t
+    magic::UInt32
+    version::UInt32
+    message_size::Csize_t
+    delay_allreduce::Cint
+    layout::Cint
+    plan_order::Cint
+    allreduce_always_fp32::Cint
+    gradient_average::Cint
+    gradient_predivide_factor::Cdouble
+    num_streams::Cint
+    stream_comms::Ptr{Cvoid}
+    timeout_ms::Int64
+    unused_policy::Cint
+    timeline_path::Ptr{UInt8}
+    check_finite::Cint
+    inplace_min_numel::Csize_t
+    Config() = new()
+end
+
+struct Stats
+    size::Csize_t
+    iterations::UInt64
+    buckets_reduced::UInt64
+    bytes_reduced::UInt64
+    comm_time_ns::UInt64
+    exposed_time_ns::UInt64
+    last_exposed_ns::UInt64
+    library_bytes::UInt64
+    arena_bytes::UInt64
+    nonfinite_buckets::UInt64
+    layout_epoch::UInt64
+    world_size::Cint
+    rank::Cint
+end
+
+struct BucketInfo
+    dtype::Cint
+    wire::Cint
+    numel::Csize_t
+    num_grads::Cint
+    stream::Cint
+end
+
+const ENUMS = Dict(:layout => Dict(:copy => 0, :arena => 1),
+                   :plan_order => Dict(:learned => 0, :registration => 1),
+                   :unused_policy => Dict(:error => 0, :zero => 1))
+
+# ---- communicators -----------------------------------------------------------------------------
+mutable struct Comm
+    handle::Ptr{Cvoid}
+    function Comm(h::Ptr{Cvoid})
+        c = new(h)
+        finalizer(close, c)
+        return c
+    end
+end
+
+"""`Comm(:mpi)` (MPI_COMM_WORLD, host memory) or `Comm(:self)` (one rank, no MPI)."""
+function Comm(kind::Symbol)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    if kind === :mpi
+        check(ccall(sym(:ddp_comm_init_mpi), Cint, (Ptr{Cvoid}, Ref{Ptr{Cvoid}}), C_NULL, out))
+    elseif kind === :self
+        check(ccall(sym(:ddp_comm_init_self), Cint, (Ref{Ptr{Cvoid}},), out))
+    else
+        throw(ArgumentError("Comm(kind): kind is :mpi or :self (NCCL: nccl_mpi(device))"))
+    end
+    return Comm(out[])
+end
+
+"""An NCCL communicator on CUDA device `device`, its id made on MPI rank 0. Collective."""
+function nccl_mpi(device::Integer)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:ddp_comm_init_nccl_mpi), Cint, (Ptr{Cvoid}, Cint, Ref{Ptr{Cvoid}}), C_NULL, device, out))
+    return Comm(out[])
+end
+
+handle(c::Comm) = c.handle == C_NULL ? throw(DDPError(ERR_INVALID_STATE, "LibDDP: this Comm is closed")) : c.handle
+
+function rank(c::Comm)
+    r = Ref{Cint}(0)
+    check(ccall(sym(:ddp_comm_rank), Cint, (Ptr{Cvoid}, Ref{Cint}), handle(c), r))
+    return Int(r[])
+end
+
+function nranks(c::Comm)
+    r = Ref{Cint}(0)
+    check(ccall(sym(:ddp_comm_size), Cint, (Ptr{Cvoid}, Ref{Cint}), handle(c), r))
+    return Int(r[])
+end
+
+function Base.close(c::Comm)
+    h = c.handle
+    c.handle = C_NULL
+    h == C_NULL || ccall(sym(:ddp_comm_destroy), Cint, (Ptr{Cvoid},), h)
+    return nothing
+end
+
+# ---- the context ---------------------------------------------------------------------------------
+mutable struct DDP
+    handle::Ptr{Cvoid}
+    grads::Dict{Int,Any}          # arrays the library points into (copy layout): kept alive
+    shapes::Vector{Tuple{Int,DataType}}
+    function DDP(h::Ptr{Cvoid})
+        d = new(h, Dict{Int,Any}(), Tuple{Int,DataType}[])
+        finalizer(close, d)
+        return d
+    end
+end
+
+"""
+    DDP(comm; message_size=..., layout=:copy|:arena, plan_order=:learned|:registration,
+        gradient_average=true, gradient_predivide_factor=1.0, unused_policy=:error|:zero, ...)
+
+A context over `comm`; keywords are ddp_config_t fields. Collective.
+"""
+function DDP(comm::Comm; timeline_path::Union{Nothing,AbstractString}=nothing, kw...)
+    cfg = Config()
+    check(ccall(sym(:ddp_config_init), Cint, (Ref{Config},), cfg))
+    for (k, v) in kw
+        k in fieldnames(Config)[4:end] || throw(ArgumentError("LibDDP.DDP: unknown config key $k"))
+        if haskey(ENUMS, k) && v isa Symbol
+            haskey(ENUMS[k], v) || throw(ArgumentError("LibDDP.DDP: $k must be one of $(keys(ENUMS[k]))"))
+            v = ENUMS[k][v]
+        end
+        setfield!(cfg, k, convert(fieldtype(Config, k), v))
+    end
+    path = timeline_path === nothing ? nothing : String(timeline_path)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    GC.@preserve path begin
+        cfg.timeline_path = path === nothing ? Ptr{UInt8}(C_NULL) : pointer(path)
+        check(ccall(sym(:ddp_create), Cint, (Ptr{Cvoid}, Ref{Config}, Ref{Ptr{Cvoid}}), handle(comm), cfg, out))
+    end
+    return DDP(out[])
+end
+
+handle(d::DDP) = d.handle == C_NULL ? throw(DDPError(ERR_INVALID_STATE, "LibDDP: this DDP is closed")) : d.handle
+
+function _register(d::DDP, ptr::Ptr{Cvoid}, n::Integer, ::Type{T}, trigger::Bool) where {T}
+    idx = Ref{Cint}(0)
+    check(ccall(sym(:ddp_register_grad), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Cint, Cuint, Ref{Cint}),
+                handle(d), ptr, n, dtype_of(T), trigger ? Cuint(1) : Cuint(0), idx))
+    push!(d.shapes, (Int(n), T))
+    return Int(idx[])
+end
+
+"""`register!(d, grad::Array{Float32/Float64/Float16})` (copy layout) or `register!(d, numel, T)`
+(arena layout: the library owns the storage, see `grad_array`). Returns the grad's index."""
+function register!(d::DDP, a::Array{T}; trigger::Bool=false) where {T<:Union{Float16,Float32,Float64}}
+    i = _register(d, Ptr{Cvoid}(pointer(a)), length(a), T, trigger)
+    d.grads[i] = a
+    return i
+end
+register!(d::DDP, n::Integer, ::Type{T}; trigger::Bool=false) where {T} = _register(d, Ptr{Cvoid}(C_NULL), n, T, trigger)
+
+commit(d::DDP) = check(ccall(sym(:ddp_commit), Cint, (Ptr{Cvoid},), handle(d)))
+
+function grad_ptr(d::DDP, i::Integer)
+    p = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:ddp_grad_ptr), Cint, (Ptr{Cvoid}, Cint, Ref{Ptr{Cvoid}}), handle(d), i, p))
+    return p[]
+end
+
+"""The storage of grad `i` as an Array (a view of the library's memory in the arena layout)."""
+function grad_array(d::DDP, i::Integer)
+    n, T = d.shapes[i+1]
+    return unsafe_wrap(Array, Ptr{T}(grad_ptr(d, i)), n; own=false)
+end
+
+begin_backward(d::DDP) = check(ccall(sym(:ddp_begin_backward), Cint, (Ptr{Cvoid}, Ptr{Cvoid}), handle(d), C_NULL))
+grad_ready(d::DDP, i::Integer) = check(ccall(sym(:ddp_grad_ready), Cint, (Ptr{Cvoid}, Cint), handle(d), i))
+function grad_ready(d::DDP, i::Integer, a::Array)
+    h = handle(d)
+    d.grads[i] = a
+    check(ccall(sym(:ddp_grad_ready_ptr), Cint, (Ptr{Cvoid}, Cint, Ptr{Cvoid}), h, i, pointer(a)))
+end
+finish_backward(d::DDP) = check(ccall(sym(:ddp_finish_backward), Cint, (Ptr{Cvoid}, Ptr{Cvoid}), handle(d), C_NULL))
+set_sync(d::DDP, on::Bool) = check(ccall(sym(:ddp_set_sync), Cint, (Ptr{Cvoid}, Cint), handle(d), on))
+reduce_all(d::DDP) = check(ccall(sym(:ddp_reduce_all), Cint, (Ptr{Cvoid}, Ptr{Cvoid}), handle(d), C_NULL))
+synchronize(d::DDP) = check(ccall(sym(:ddp_synchronize), Cint, (Ptr{Cvoid},), handle(d)))
+
+"""`backward(d) do ... end`: begin_backward, the block (which calls grad_ready), finish_backward."""
+function backward(f, d::DDP)
+    begin_backward(d)
+    f()
+    finish_backward(d)
+end
+
+"""`no_sync(d) do ... end`: backward passes inside only accumulate locally."""
+function no_sync(f, d::DDP)
+    set_sync(d, false)
+    try
+        f()
+    finally
+        d.handle == C_NULL || set_sync(d, true)
+    end
+end
+
+function stats(d::DDP)
+    r = Ref(Stats(sizeof(Stats), ntuple(_ -> UInt64(0), 10)..., Cint(0), Cint(0)))
+    check(ccall(sym(:ddp_get_stats), Cint, (Ptr{Cvoid}, Ref{Stats}), handle(d), r))
+    return r[]
+end
+
+"""The current plan: a vector of (info::BucketInfo, grads::Vector{Int})."""
+function plan(d::DDP)
+    h = handle(d)
+    n, learned = Ref{Cint}(0), Ref{Cint}(0)
+    check(ccall(sym(:ddp_get_plan), Cint, (Ptr{Cvoid}, Ref{Cint}, Ref{Cint}), h, n, learned))
+    out = Tuple{BucketInfo,Vector{Int}}[]
+    for b in 0:n[]-1
+        info = Ref(BucketInfo(0, 0, 0, 0, 0))
+        grads = zeros(Cint, max(length(d.shapes), 1))
+        check(ccall(sym(:ddp_get_bucket), Cint, (Ptr{Cvoid}, Cint, Ref{BucketInfo}, Ptr{Cint}, Csize_t),
+                    h, b, info, grads, length(grads)))
+        push!(out, (info[], Int.(grads[1:info[].num_grads])))
+    end
+    return out
+end
+
+function Base.close(d::DDP)
+    h = d.handle
+    d.handle = C_NULL
+    h == C_NULL || ccall(sym(:ddp_destroy), Cint, (Ptr{Cvoid},), h)
+    empty!(d.grads)
+    return nothing
+end
+
+end # module
