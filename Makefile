@@ -118,7 +118,7 @@ $(UNIT_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(UNIT_SRCS)) $(STATIC)
 $(MPI_TEST_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp $(SHARED)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
-	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
+	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(LDFLAGS_ALL) $(MPI_LIBS)
 
 $(C99_BIN): tests/c99/c99_api.c include/ddp.h $(SHARED)

@@ -439,17 +439,14 @@ void Context::learn_plan() {
 
 // Error policy: every rank must report the same grads, so the ranks exchange what they lack.
 std::string Context::unused_report(const std::vector<int>& unused) {
-  struct Info {
-    int32_t count;
-    int32_t first[6];
-  };
-  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}};
+  UnusedInfo me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}};
   for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
-  std::vector<Info> all(static_cast<size_t>(world_));
+  std::vector<UnusedInfo>& all = unused_all_;  // kept: nothing allocates per iteration
+  all.resize(static_cast<size_t>(world_));
   ctrl_->allgather_host(&me, all.data(), sizeof me, Deadline::after_ms(cfg_.timeout_ms));
   std::string text;
   for (int r = 0; r < world_; ++r) {
-    const Info& in = all[static_cast<size_t>(r)];
+    const UnusedInfo& in = all[static_cast<size_t>(r)];
     if (in.count == 0) continue;
     text += text.empty() ? "" : "; ";
     text += format("rank %d: grad", r);

@@ -106,6 +106,11 @@ class Context {
   uint64_t begin_ns_ = 0;
   void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
+  struct UnusedInfo {
+    int32_t count;
+    int32_t first[6];
+  };
+  std::vector<UnusedInfo> unused_all_;
 };
 
 }  // namespace ddp

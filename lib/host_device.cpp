@@ -172,8 +172,9 @@ class HostStream final : public Stream {
 void* HostDevice::alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
   void* p = nullptr;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  if (posix_memalign(&p, 64, rounded) != 0 || p == nullptr)
+  // 256-byte alignment: what arena buckets are aligned to, and what vector loads like.
+  size_t rounded = (bytes + 255) / 256 * 256;
+  if (posix_memalign(&p, 256, rounded) != 0 || p == nullptr)
     fail(DDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
   std::memset(p, 0, rounded);
   return p;

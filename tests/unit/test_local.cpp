@@ -1,0 +1,220 @@
+// The reducer's state machine across in-process ranks (a local group: one thread per rank): random
+// grads and a different arrival order per rank, launches during backward, and no allocation in the
+// steady-state hook or iteration.
+#include <doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "../mpi/reference.hpp"
+#include "ddp.h"
+
+// Counts operator new calls made by the current thread.
+static thread_local long t_allocs = 0;
+void* operator new(size_t n) {
+  ++t_allocs;
+  void* p = std::malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace {
+
+// Runs fn(rank, comm) on `n` threads over one local group; returns the number of ranks that failed.
+template <class F>
+int on_ranks(int n, F fn) {
+  ddp_local_group_t g;
+  REQUIRE(ddp_local_group_create(n, &g) == DDP_SUCCESS);
+  std::atomic<int> failed{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      ddp_comm_t c;
+      if (ddp_comm_init_local(g, r, &c) != DDP_SUCCESS) {
+        ++failed;
+        return;
+      }
+      if (!fn(r, c)) ++failed;
+      ddp_comm_destroy(c);
+    });
+  for (auto& t : ts) t.join();
+  ddp_local_group_destroy(g);
+  return failed.load();
+}
+
+bool reduce_random(int rank, int world, ddp_comm_t comm, uint64_t seed, const ddp_config_t& cfg) {
+  std::mt19937_64 shared(seed), mine(seed + 1 + static_cast<uint64_t>(rank));
+  const int n = 1 + static_cast<int>(shared() % 30);
+  std::vector<ddp_dtype_t> types(static_cast<size_t>(n));
+  std::vector<size_t> sizes(static_cast<size_t>(n));
+  std::vector<std::vector<char>> bufs(static_cast<size_t>(n));
+  ddp_t d;
+  if (ddp_create(comm, &cfg, &d) != DDP_SUCCESS) return false;
+  std::vector<int> idx(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    types[static_cast<size_t>(i)] = static_cast<ddp_dtype_t>(shared() % 4);
+    sizes[static_cast<size_t>(i)] = 1 + shared() % 3000;
+    bufs[static_cast<size_t>(i)].resize(sizes[static_cast<size_t>(i)] * 8);
+    if (ddp_register_grad(d, cfg.layout ? nullptr : bufs[static_cast<size_t>(i)].data(), sizes[static_cast<size_t>(i)],
+                          types[static_cast<size_t>(i)], 0, &idx[static_cast<size_t>(i)]) != DDP_SUCCESS)
+      return false;
+  }
+  bool ok = true;
+  std::vector<int> order(idx);
+  for (int it = 0; it < 3 && ok; ++it) {
+    auto at = [&](int i) -> void* {
+      if (!cfg.layout) return bufs[static_cast<size_t>(i)].data();
+      void* p = nullptr;
+      ddp_grad_ptr(d, idx[static_cast<size_t>(i)], &p);
+      return p;
+    };
+    for (int i = 0; i < n; ++i)
+      for (size_t e = 0; e < sizes[static_cast<size_t>(i)]; ++e)
+        ref::store(at(i), e, types[static_cast<size_t>(i)], ref::quantize(ref::raw_value(seed, rank, it, i, e), types[static_cast<size_t>(i)]));
+    std::shuffle(order.begin(), order.end(), mine);
+    ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+    for (int i : order) ok = ok && ddp_grad_ready(d, i) == DDP_SUCCESS;
+    ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
+    const double scale = cfg.gradient_average ? 1.0 / world : 1.0 / cfg.gradient_predivide_factor;
+    for (int i = 0; ok && i < n; ++i)
+      for (size_t e = 0; ok && e < sizes[static_cast<size_t>(i)]; ++e) {
+        double sum = 0, mag = 0;
+        for (int r = 0; r < world; ++r) {
+          double v = ref::quantize(ref::raw_value(seed, r, it, i, e), types[static_cast<size_t>(i)]);
+          sum += v;
+          mag += std::fabs(v);
+        }
+        ok = ref::close(ref::load(at(i), e, types[static_cast<size_t>(i)]), sum * scale, mag * scale, types[static_cast<size_t>(i)]);
+      }
+  }
+  ddp_destroy(d);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("local group: random grads and orders reduce to the reference at 1..4 ranks") {
+  std::mt19937_64 rng(42);
+  for (int world = 1; world <= 4; ++world)
+    for (int t = 0; t < 6; ++t) {
+      ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+      cfg.message_size = 1 + rng() % 5000;
+      cfg.layout = static_cast<int>(rng() % 2);
+      cfg.plan_order = static_cast<int>(rng() % 2);
+      cfg.num_streams = 1 + static_cast<int>(rng() % 3);
+      cfg.gradient_average = static_cast<int>(rng() % 2);
+      cfg.gradient_predivide_factor = rng() % 2 ? 1.0 : 4.0;
+      cfg.allreduce_always_fp32 = static_cast<int>(rng() % 2);
+      cfg.delay_allreduce = static_cast<int>(rng() % 2);
+      cfg.timeout_ms = 30000;
+      uint64_t seed = rng();
+      int failed = on_ranks(world, [&](int r, ddp_comm_t c) { return reduce_random(r, world, c, seed, cfg); });
+      CHECK_MESSAGE(failed == 0, "world ", world, " layout ", cfg.layout, " plan ", cfg.plan_order, " streams ",
+                    cfg.num_streams);
+    }
+}
+
+TEST_CASE("buckets launch during backward, in plan order, before finish") {
+  int failed = on_ranks(2, [](int, ddp_comm_t c) {
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.plan_order = DDP_PLAN_REGISTRATION;
+    cfg.message_size = 100;
+    ddp_t d;
+    if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+    std::vector<std::vector<float>> g(4, std::vector<float>(100, 1.0f));
+    int idx[4];
+    for (int i = 0; i < 4; ++i) ddp_register_grad(d, g[static_cast<size_t>(i)].data(), 100, DDP_F32, 0, &idx[i]);
+    // Registration plan: buckets {3}, {2}, {1}, {0}. Grad 2 first: nothing may launch (bucket 0 waits).
+    bool ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+    ok = ok && ddp_grad_ready(d, idx[2]) == DDP_SUCCESS;
+    ddp_stats_t s;
+    s.size = sizeof s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ddp_get_stats(d, &s);
+    ok = ok && s.buckets_reduced == 0;
+    ok = ok && ddp_grad_ready(d, idx[3]) == DDP_SUCCESS;  // launches buckets 0 and 1
+    for (int w = 0; w < 2000 && s.buckets_reduced < 2; ++w) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ddp_get_stats(d, &s);
+    }
+    ok = ok && s.buckets_reduced == 2;  // reduced while backward is still going
+    ok = ok && ddp_grad_ready(d, idx[0]) == DDP_SUCCESS;
+    ok = ok && ddp_grad_ready(d, idx[1]) == DDP_SUCCESS;
+    ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
+    ddp_get_stats(d, &s);
+    ok = ok && s.buckets_reduced == 4 && s.bytes_reduced == 1600;
+    ddp_destroy(d);
+    return ok;
+  });
+  CHECK(failed == 0);
+}
+
+TEST_CASE("steady state: the hook and the whole iteration allocate nothing") {
+  for (int policy : {DDP_UNUSED_ERROR, DDP_UNUSED_ZERO})
+    for (int layout : {DDP_LAYOUT_COPY, DDP_LAYOUT_ARENA}) {
+      std::atomic<long> hook_allocs{0}, iter_allocs{0};
+      int failed = on_ranks(2, [&](int, ddp_comm_t c) {
+        ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+        cfg.message_size = 300;
+        cfg.num_streams = 2;
+        cfg.layout = layout;
+        cfg.unused_policy = policy;
+        ddp_t d;
+        if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+        std::vector<std::vector<float>> g(20, std::vector<float>(100, 1.0f));
+        int idx[20];
+        for (int i = 0; i < 20; ++i) ddp_register_grad(d, layout ? nullptr : g[static_cast<size_t>(i)].data(), 100, DDP_F32, 0, &idx[i]);
+        bool ok = true;
+        for (int it = 0; it < 5 && ok; ++it) {
+          long before_iter = t_allocs;
+          ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+          long before_hook = t_allocs;
+          for (int i = 19; i >= 0; --i) ok = ok && ddp_grad_ready(d, idx[i]) == DDP_SUCCESS;
+          long hook = t_allocs - before_hook;
+          ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
+          if (it >= 2) {  // after the learning pass and first use of every buffer
+            hook_allocs += hook;
+            iter_allocs += t_allocs - before_iter;
+          }
+        }
+        ddp_destroy(d);
+        return ok;
+      });
+      CHECK(failed == 0);
+      CHECK_MESSAGE(hook_allocs.load() == 0, "layout ", layout, " policy ", policy);
+      CHECK_MESSAGE(iter_allocs.load() == 0, "layout ", layout, " policy ", policy);
+    }
+}
+
+TEST_CASE("local group: a rank that never arrives times out, and the context then answers aborted") {
+  int failed = on_ranks(2, [](int r, ddp_comm_t c) {
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 300;
+    ddp_t d;
+    if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+    std::vector<float> g(10, 1.0f);
+    int i;
+    ddp_register_grad(d, g.data(), 10, DDP_F32, 0, &i);
+    if (ddp_commit(d) != DDP_SUCCESS) return false;
+    bool ok = true;
+    if (r == 0) {
+      auto t0 = std::chrono::steady_clock::now();
+      ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS && ddp_grad_ready(d, i) == DDP_SUCCESS;
+      ddp_status_t st = ddp_finish_backward(d, nullptr);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ok = ok && st == DDP_ERR_TIMEOUT && ms < 3000;
+      ok = ok && ddp_begin_backward(d, nullptr) == DDP_ERR_ABORTED;
+      ok = ok && std::strstr(ddp_last_error(), "aborted") != nullptr;
+    }
+    ddp_destroy(d);
+    return ok;
+  });
+  CHECK(failed == 0);
+}
