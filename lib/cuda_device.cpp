@@ -152,6 +152,7 @@ struct CudaDevice::TableState {
     int prev = -1;
     cudaGetDevice(&prev);
     if (prev != device) cudaSetDevice(device);
+    cudaDeviceSynchronize();  // a kernel queued before may still read the table
     cudaFree(dev);
     cudaFree(temp);
     if (prev >= 0 && prev != device) cudaSetDevice(prev);
@@ -291,7 +292,10 @@ void CudaDevice::free(void* p) {
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != device_) cudaSetDevice(device_);
-  cudaFree(p);  // synchronizes the device; failures cannot be reported from here
+  // Work queued on any stream may still use the buffer: wait for it (frees happen only when a plan is
+  // adopted or a context is destroyed). Failures cannot be reported from here.
+  cudaDeviceSynchronize();
+  cudaFree(p);
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 

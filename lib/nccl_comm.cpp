@@ -199,12 +199,18 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     ncclResult_t async = ncclSuccess;
     DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), comm_);
     if (async != ncclSuccess && async != ncclInProgress) {
-      stalled_ = true;
-      fail(DDP_ERR_NCCL, "NCCL reported an asynchronous error: %s%s%s", ncclGetErrorString(async),
-           nccl_last_error(comm_)[0] ? ": " : "", nccl_last_error(comm_));
+      std::string text = format("NCCL reported an asynchronous error: %s%s%s", ncclGetErrorString(async),
+                                nccl_last_error(comm_)[0] ? ": " : "", nccl_last_error(comm_));
+      mark_stalled();  // NCCL's rule: a communicator with an asynchronous error is aborted
+      throw Error(DDP_ERR_NCCL, text);
     }
   }
-  void mark_stalled() override { stalled_ = true; }
+  // A collective of this communicator is stuck: abort now, so that nothing (a later cudaFree, the
+  // context's teardown) waits on its kernels forever.
+  void mark_stalled() override {
+    stalled_ = true;
+    abort();
+  }
 
  private:
   void live() const {
@@ -253,7 +259,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       if (rc != cudaErrorNotReady) DDP_CUDA_CHECK(rc);
       check_async();
       if (dl.passed()) {
-        stalled_ = true;
+        mark_stalled();
         fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled, died or issued a "
                               "different collective", what);
       }

@@ -3,6 +3,7 @@
 // (scaling folded into the kernels) paths, allreduce_always_fp32, moved grads, unused grads, bad device
 // pointers, ordering against the caller's stream, check_finite, ddp_reduce_all and ddp_broadcast.
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <string>
@@ -341,4 +342,32 @@ GPU_TEST_CASE("nccl: wrapped communicators are borrowed, and bad arguments are r
   DDP_OK(ddp_comm_size(nc.comm, &size));
   CHECK(rank == 0);
   CHECK(size == 1);
+}
+
+GPU_TEST_CASE("nccl: a wrapped ncclComm_t is used through split communicators and never destroyed") {
+  std::mt19937_64 rng(gt::seed() + 14);
+  ncclComm_t raw = nullptr;
+  int devs[] = {0};
+  REQUIRE(ncclCommInitAll(&raw, 1, devs) == ncclSuccess);
+  ddp_comm_t wrapped = nullptr;
+  DDP_OK(ddp_comm_wrap_nccl(raw, &wrapped));
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  cfg.num_streams = 2;
+  cfg.message_size = 2000;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(wrapped, &cfg, &ddp));
+  std::vector<Grad> g = make_grads(rng, true);
+  alloc_grads(g);
+  register_all(ddp, g, false);
+  iterate(ddp, g, rng, nullptr, false);
+  CHECK(check_grads(ddp, g, 1.0, false) == 0);
+  DDP_OK(ddp_destroy(ddp));
+  DDP_OK(ddp_comm_destroy(wrapped));
+  int count = 0;
+  CHECK(ncclCommCount(raw, &count) == ncclSuccess);  // still alive: borrowed, not destroyed
+  CHECK(count == 1);
+  CHECK(ncclCommDestroy(raw) == ncclSuccess);
+  free_grads(g);
 }
