@@ -10,6 +10,7 @@ calls ddp_finish_backward before backward() returns.
 """
 import contextlib
 import ctypes
+import threading
 
 import torch
 
@@ -115,10 +116,12 @@ class DistributedDataParallel(torch.nn.Module):
         self._marked = [False] * len(self._params)
         self._hooks = []
         self._accs = []
-        for i, p in enumerate(self._params):
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._hooks.append(acc.register_hook(self._make_hook(i)))
-            self._accs.append(acc)  # keep the accumulators alive, as apex does
+        self._lock = threading.Lock()  # CUDA autograd runs hooks on device threads
+        with torch.enable_grad():
+            for i, p in enumerate(self._params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hooks.append(acc.register_hook(self._make_hook(i)))
+                self._accs.append(acc)  # keep the accumulators alive, as apex does
 
     # -- internals ------------------------------------------------------------------------------
     def _stream(self):
@@ -162,11 +165,12 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_hook(self, i):
         def hook(*_):
-            if not self._in_backward:
-                self._begin()
-            if not self._queued:
-                self._queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            with self._lock:
+                if not self._in_backward:
+                    self._begin()
+                if not self._queued:
+                    self._queued = True
+                    torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             p = self._params[i]
             if self.arena:
                 self._adopt_grad(i)
