@@ -55,3 +55,20 @@ suite-timeline:
 	@echo "timeline: skipped: built without MPI"
 	@echo "timeline: 0 passed, 0 failed, 1 skipped"
 endif
+
+# --- the benchmarks (not part of make test) ---
+BENCH_BIN := $(BUILD)/bench/ddp_bench
+.PHONY: bench
+$(BENCH_BIN): bench/ddp_bench.cpp bench/grad_sizes.hpp include/ddp.h $(SHARED)
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 -O2 -g $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
+	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(MPI_LIBS)
+
+ifeq ($(HAVE_MPI),1)
+bench: $(BENCH_BIN)
+	$(Q)MPIRUN="$(RUN_NP)" bench/run.sh $(BENCH_BIN) $(BUILD)/bench
+else
+bench:
+	@echo "bench: needs MPI (mpicxx); this build has MPI=0"
+endif

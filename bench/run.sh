@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# make bench: the five benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
+set -u
+bin=$1; out=$2
+MPIRUN=${MPIRUN:-mpirun --oversubscribe -np}
+NP=${NP:-2}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+fail=0
+step() { echo; echo "=== $*"; }
+run() { timeout "$1" env $MPIRUN "${@:2}" || { echo "bench: '${*:2}' failed (exit $?)"; fail=1; }; }
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1), $(free -g | awk '/Mem:/{print $2}') GiB; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+start=$(date +%s)
+
+step "1. hook";      run 120 1 "$bin" hook "$out"
+step "2. bucketing"; run 240 "$NP" "$bin" bucketing "$out"
+step "3. overlap";   run 120 "$NP" "$bin" overlap "$out"
+step "4. PyTorch"
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  env $MPIRUN 1 "$bin" sizes - > "$out/grad_sizes.txt"
+  torch_out=$(timeout 300 /usr/bin/python3 "$here/torch_ddp.py" run "$out" "$NP" "$out/grad_sizes.txt") || { echo "bench: torch_ddp.py failed"; fail=1; }
+  echo "$torch_out" | grep -v '^pace '
+  pace=$(echo "$torch_out" | sed -n 's/^pace //p')
+  run 180 "$NP" "$bin" lastready "$out" $pace
+  /usr/bin/python3 "$here/torch_ddp.py" report "$out" || fail=1
+else
+  echo "4. PyTorch not found: /usr/bin/python3 has no torch (apt-get install python3-torch); libddp side only"
+  run 120 "$NP" "$bin" lastready "$out"
+fi
+step "5. memory"
+run 120 "$NP" "$bin" memory "$out" copy
+run 120 "$NP" "$bin" memory "$out" arena
+/usr/bin/python3 - "$out" <<'PY' || fail=1
+import json, sys
+out = sys.argv[1]
+rows = [json.load(open(f"{out}/memory_{l}.json")) for l in ("copy", "arena")]
+g = rows[0]["grad_bytes"]
+print(f"\n## 5. memory beyond the grads ({g / 1e6:.0f} MB of f32 grads, message_size 10M, 2 ranks, largest rank)\n")
+print("| layout | library_bytes MB | of which arena MB | library beyond grads | x grads | RSS beyond grads | x grads | peak RSS beyond grads | x grads |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['layout']} | {r['library_bytes'] / 1e6:.1f} | {r['arena_bytes'] / 1e6:.1f} | {r['library_beyond_grads'] / 1e6:.1f} MB | "
+          f"{r['library_beyond_grads'] / g:.4f} | {r['rss_beyond_grads'] / 1e6:.1f} MB | {r['rss_beyond_grads'] / g:.4f} | "
+          f"{r['peak_rss_beyond_grads'] / 1e6:.1f} MB | {r['peak_rss_beyond_grads'] / g:.4f} |")
+c, a = rows[0]["library_beyond_grads"] / g, rows[1]["library_beyond_grads"] / g
+print(f"\ntargets: arena < 1% of the grads: {a:.4f} {'met' if a < 0.01 else 'MISSED'}; copy <= 1x: {c:.4f} {'met' if c <= 1 else 'MISSED'}")
+json.dump({"bench": "memory", "runs": rows}, open(f"{out}/memory.json", "w"), indent=1)
+PY
+echo
+echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+exit $fail

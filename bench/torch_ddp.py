@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""PyTorch DDP (Gloo, CPU) on the same work as `ddp_bench lastready`: the same gradient sizes, the same
+world size, the same bucket size (torch's default bucket_cap_mb = 25), each grad written by backward
+(one pass over its memory) and handed to DDP in reverse registration order. Measured: the time from
+the last grad becoming ready (a tensor hook, which fires as the grad is produced) to loss.backward()
+returning, when DDP's final callback has waited for every bucket's allreduce. Slowest rank, median.
+
+Usage: torch_ddp.py run OUTDIR WORLD SIZES_FILE   (loopback 127.0.0.1 only): writes lastready_torch.json
+                                                  and prints "pace <copy ms> <arena ms>" for libddp's matched runs
+       torch_ddp.py report OUTDIR                  table 4 from both JSON files; writes pytorch.json
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPS = 5
+
+
+def run(rank, world, sizes, port, as_view, queue):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
+
+        def forward(self, c):
+            # A chain, so that backward produces the grads from the last parameter to the first,
+            # each as one elementwise pass (grad = c).
+            x = None
+            for p in self.ps:
+                t = (p * c).sum()
+                x = t if x is None else x + t
+            return x
+
+    model = Model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=as_view)
+    stamps = {}
+    for i, p in enumerate(model.ps):
+        p.register_hook(lambda g, i=i: stamps.__setitem__(i, time.perf_counter()) or g)
+    tails, steps = [], []
+    for r in range(REPS + 2):  # two warm-ups: DDP rebuilds its buckets after the first iteration
+        c = torch.tensor(0.5 + rank + r)
+        loss = ddp(c)
+        stamps.clear()
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss.backward()
+        t1 = time.perf_counter()
+        t = torch.tensor([t1 - max(stamps.values()), t1 - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if r >= 2:
+            tails.append(t[0].item() * 1e3)
+            steps.append(t[1].item() * 1e3)
+        want = sum(0.5 + k + r for k in range(world)) / world
+        got = model.ps[0].grad[0].item()
+        assert abs(got - want) < 1e-4, (got, want)
+        for p in model.ps:
+            p.grad = None if not as_view else p.grad.zero_()
+    if rank == 0:
+        queue.put((tails, steps))
+    dist.destroy_process_group()
+
+
+def measure(world, sizes, port, as_view):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, world, sizes, port, as_view, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = q.get(timeout=600)
+    for p in procs:
+        p.join(60)
+        if p.exitcode != 0:
+            raise SystemExit(f"a torch rank failed (exit {p.exitcode})")
+    return res
+
+
+def run_torch(out, world, sizes_file):
+    sizes = [int(x) for x in open(sizes_file).read().split()]
+    port = 29500 + os.getpid() % 1000
+    runs = {}
+    for name, as_view in (("torch DDP", False), ("torch DDP gradient_as_bucket_view", True)):
+        tails, steps = measure(world, sizes, port, as_view)
+        port += 1
+        runs[name] = {"tail_ms": tails, "step_ms": steps,
+                      "ready_ms": statistics.median(s - t for s, t in zip(steps, tails))}
+        print(f"{name}: last ready -> reduced {statistics.median(tails):.1f} ms, whole backward "
+              f"{statistics.median(steps):.1f} ms (median of {REPS})")
+    with open(os.path.join(out, "lastready_torch.json"), "w") as f:
+        json.dump({"bench": "lastready_torch", "world": world, "torch": torch.__version__, "grads": len(sizes),
+                   "numel": sum(sizes), "loadavg": open("/proc/loadavg").read().strip(), "runs": runs}, f, indent=1)
+    # The paces for the matched libddp runs: torch's time from backward start to its last grad ready.
+    print(f"pace {runs['torch DDP']['ready_ms']:.3f} {runs['torch DDP gradient_as_bucket_view']['ready_ms']:.3f}")
+
+
+def report(out):
+    theirs = json.load(open(os.path.join(out, "lastready_torch.json")))
+    ours = json.load(open(os.path.join(out, "lastready_libddp.json")))
+    runs = theirs["runs"]
+    med = statistics.median
+    print(f"\n## 4. against PyTorch {theirs['torch']} DDP (Gloo, CPU, loopback): {theirs['world']} ranks, "
+          f"{theirs['grads']} f32 grads, {theirs['numel'] / 1e6:.1f}M elements, 25 MB buckets\n")
+    print(f"time from the last grad ready to all grads reduced (tail); median of {REPS}, slowest rank. 'as fast as "
+          "written': each grad written once then marked ready; 'paced to torch': the same, with busy CPU work so that the "
+          "last grad is ready as late as in torch's backward\n")
+    print("| libddp run | backward to last ready ms | tail ms | PyTorch run | backward to last ready ms | tail ms | ours over theirs (tail) |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    table = []
+    for r in ours["runs"]:
+        tname = "torch DDP" if r["layout"] == "copy" else "torch DDP gradient_as_bucket_view"
+        t = runs[tname]
+        a, b = med(r["tail_ms"]), med(t["tail_ms"])
+        label = f"{r['layout']}, " + ("paced to torch" if r["pace_ms"] > 0 else "as fast as written")
+        print(f"| {label} | {med(r['ready_ms']):.0f} | {a:.1f} | {tname} | {t['ready_ms']:.0f} | {b:.1f} | {a / b:.3f} |")
+        table.append({"libddp": label, "torch": tname, "ours_tail_ms": a, "theirs_tail_ms": b, "ratio": a / b,
+                      "ours_ready_ms": med(r["ready_ms"]), "theirs_ready_ms": t["ready_ms"]})
+    paced = [t["ratio"] for t in table if "paced" in t["libddp"]] or [t["ratio"] for t in table]
+    worst = max(paced)
+    print(f"\ntarget: at or below PyTorch DDP (paced runs): worst ratio {worst:.3f} {'met' if worst <= 1.0 else 'MISSED'}")
+    with open(os.path.join(out, "pytorch.json"), "w") as f:
+        json.dump({"bench": "pytorch", "torch": theirs, "libddp": ours, "table": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        run_torch(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "report":
+        report(sys.argv[2])
+    else:
+        raise SystemExit("usage: torch_ddp.py run OUTDIR WORLD SIZES_FILE | report OUTDIR")
