@@ -136,12 +136,14 @@ class DistributedDataParallel(torch.nn.Module):
                 v = _view(self.ddp.grad_ptr(i), p)
                 self._views[i] = v
                 g = p.grad
-                if g is None:
+                if old is not None and g is not None and g.data_ptr() == old.data_ptr():
+                    pass  # the storage moved with its values; the old view is dangling now
+                elif g is None:
                     v.zero_()
                 elif g.data_ptr() != v.data_ptr():
                     v.copy_(g)
                 p.grad = v
-                del old
+                del old, g
 
     def _adopt_grad(self, i):
         """Arena: p.grad must be the view before it is reduced (torch may have replaced or dropped it)."""

@@ -15,11 +15,12 @@ def make():
     return torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
 
 
-@pytest.mark.parametrize("layout", ["copy", "arena"])
-def test_single_rank_grads_equal_local(layout):
+@pytest.mark.parametrize("layout,plan", [("copy", "learned"), ("copy", "registration"), ("arena", "registration"),
+                                         ("arena", "learned")])
+def test_single_rank_grads_equal_local(layout, plan):
     ref, m = make(), make()
     with libddp.Comm.self() as c:
-        model = ltorch.DistributedDataParallel(m, c, layout=layout, message_size=20)
+        model = ltorch.DistributedDataParallel(m, c, layout=layout, plan_order=plan, message_size=20)
         for step in range(3):
             x = torch.randn(4, 5)
             for mod in (ref, model):
@@ -30,6 +31,7 @@ def test_single_rank_grads_equal_local(layout):
         assert model.stats.iterations == 3
         if layout == "arena":
             assert m[0].weight.grad.data_ptr() == model.ddp.grad_ptr(0)
+            assert model.stats.layout_epoch == (1 if plan == "learned" else 0)
         model.close()
         assert m[0].weight.grad is not None
 

@@ -46,13 +46,14 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def run(layout, predivide, set_to_none):
+def run(layout, predivide, set_to_none, plan_order=None):
     torch.manual_seed(0)
     ref_model = Net()
     our_model = copy.deepcopy(ref_model)
     ref = torch.nn.parallel.DistributedDataParallel(ref_model)
+    extra = {"plan_order": plan_order} if plan_order else {}
     ours = ltorch.DistributedDataParallel(our_model, comm, layout=layout, message_size=300,
-                                          gradient_predivide_factor=predivide)
+                                          gradient_predivide_factor=predivide, **extra)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
     worst, local_diff = 0.0, 0.0
@@ -74,11 +75,12 @@ def run(layout, predivide, set_to_none):
     buckets = len(ours.plan.buckets)
     iters = ours.stats.iterations
     ours.close()
-    return {"layout": layout, "predivide": predivide, "set_to_none": set_to_none, "max_rel_grad": worst,
+    return {"layout": layout, "plan": plan_order or "default", "predivide": predivide, "set_to_none": set_to_none, "max_rel_grad": worst,
             "max_rel_param": pdiff, "local_vs_reduced": local_diff, "buckets": buckets, "iterations": iters}
 
 
 results = [run(layout, f, stn) for layout in ("copy", "arena") for f, stn in ((1.0, True), (float(world), False))]
+results.append(run("arena", float(world), True, "learned"))  # the arena moves once, after the first backward
 ok = all(r["max_rel_grad"] <= TOL and r["max_rel_param"] <= TOL and r["iterations"] == STEPS
          and (world == 1 or r["local_vs_reduced"] > 1e-3) and r["buckets"] >= 2 for r in results)
 print("rank %d: %s" % (rank, json.dumps(results)), flush=True)
