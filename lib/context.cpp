@@ -478,9 +478,11 @@ void Context::finish_backward(void* stream) {
       learn_plan();
     }
     reducer_->unready_grads(&scratch_unused_);
-    if (!cfg_.unused_zero) unused_text = unused_report(scratch_unused_);
     reducer_->launch_rest();  // unused grads travel as zeros, so that no rank waits forever
     wait_buckets(stream);
+    // The report is one more exchange between the ranks: after the buckets, so that a rank that died
+    // or stalled is reported by the bucket that waited for it (step and bucket named).
+    if (!cfg_.unused_zero) unused_text = unused_report(scratch_unused_);
   });
   ++iterations_;
   if (timeline_) {

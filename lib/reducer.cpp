@@ -8,7 +8,18 @@ namespace ddp {
 struct Reducer::BucketTask final : Task {
   Reducer* reducer = nullptr;
   int bucket = 0;
-  void run() override { reducer->run_bucket(bucket); }
+  // A bucket's failure says which step and bucket it was: the first thing to know when a rank died
+  // or stalled.
+  void run() override {
+    try {
+      reducer->run_bucket(bucket);
+    } catch (const Error& e) {
+      const Reducer& r = *reducer;
+      throw Error(e.status(), format("iteration %llu, bucket %d of %zu (stream %d): %s",
+                                     static_cast<unsigned long long>(r.iteration_), bucket, r.rt_.size(),
+                                     r.plan_.buckets[static_cast<size_t>(bucket)].stream, e.what()));
+    }
+  }
 };
 
 struct Reducer::BucketRt {
