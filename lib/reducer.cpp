@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 namespace ddp {
 
@@ -50,9 +51,24 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
   }
 }
 
+namespace {
+// Host buffers of aborted reducers. An MPI collective that timed out cannot be cancelled: it stays
+// posted and writes into its buffer whenever the late rank shows up, so that buffer is never freed.
+// Held here (reachable) rather than leaked. Device buffers are freed: ncclCommAbort ends their kernels.
+std::mutex g_kept_mu;
+std::vector<void*>* g_kept = new std::vector<void*>();
+}  // namespace
+
 Reducer::~Reducer() {
-  for (void* p : staging_) env_.device->free(p);
-  env_.device->free(arena_);
+  std::vector<void*> bufs = staging_;
+  bufs.push_back(arena_);
+  if (keep_buffers_ && env_.device->memory() == Memory::Host) {
+    std::lock_guard<std::mutex> lock(g_kept_mu);
+    for (void* p : bufs)
+      if (p) g_kept->push_back(p);
+    return;
+  }
+  for (void* p : bufs) env_.device->free(p);
 }
 
 void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
@@ -301,6 +317,7 @@ void Reducer::finish(void* user_stream, Deadline dl) {
 Dtype Reducer::wire(int b) const { return rt_[static_cast<size_t>(b)]->wire; }
 
 void Reducer::cancel() {
+  keep_buffers_ = true;
   for (Stream* s : env_.streams) s->cancel();
 }
 
