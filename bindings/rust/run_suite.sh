@@ -19,6 +19,14 @@ if [ -n "$mpirun" ] && command -v "${mpirun%% *}" >/dev/null 2>&1; then
       cargo test --offline -q --test mpi -- --nocapture 2>&1 | tee -a "$log" | grep -E "rust mpi ok|panicked|FAILED"
     [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
   done
+  echo "--- mpirun -np 2 the docs example (examples/allreduce.rs)"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 $mpirun --oversubscribe -np 2 \
+    "$target/debug/examples/allreduce" > "$target/example.log" 2>&1
+  if [ $? -eq 0 ] && [ "$(grep -c ': ok$' "$target/example.log")" -eq 2 ]; then
+    echo "test result: ok. 1 passed; 0 failed (docs example)" | tee -a "$log"
+  else
+    cat "$target/example.log"; echo "test result: FAILED. 0 passed; 1 failed (docs example)" | tee -a "$log"
+  fi
 else
   echo "rust: mpirun not found: multi-rank runs skipped"; skipped=1
 fi

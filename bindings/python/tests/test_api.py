@@ -139,3 +139,35 @@ def test_no_sync_context():
         with d.backward():
             d.grad_ready(i)
         assert d.stats.iterations == 1
+
+
+def test_cuda_array_interface_is_taken_as_device_memory():
+    class FakeCupy:  # what CuPy arrays expose; the memory is never touched here
+        __cuda_array_interface__ = {"shape": (3, 5), "typestr": "<f4", "data": (0xABC000, False), "version": 3,
+                                    "strides": None}
+    assert libddp.buffer_info(FakeCupy()) == (0xABC000, 15, libddp.F32, True)
+
+
+def test_library_found_next_to_the_package_and_on_the_search_path(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    from conftest import PKG, PYTHON
+
+    lib = os.path.realpath(libddp.library_path)
+    shutil.copytree(os.path.join(PKG, "libddp"), tmp_path / "next" / "libddp",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(lib, tmp_path / "next" / "libddp" / "libddp.so.0")
+    shutil.copytree(os.path.join(PKG, "libddp"), tmp_path / "sys" / "libddp", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import libddp; print(libddp.library_path); print(libddp.version())"
+    env = {k: v for k, v in os.environ.items() if k not in ("LIBDDP_PATH", "LD_LIBRARY_PATH")}
+    out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, check=True, cwd=str(tmp_path),
+                         env=dict(env, PYTHONPATH=str(tmp_path / "next"))).stdout.decode().split()
+    assert out == [str(tmp_path / "next" / "libddp" / "libddp.so.0"), "100"]
+    out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, check=True, cwd=str(tmp_path),
+                         env=dict(env, PYTHONPATH=str(tmp_path / "sys"), LD_LIBRARY_PATH=os.path.dirname(lib))
+                         ).stdout.decode().split()
+    assert out[1] == "100"
+    bad = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+                         env=dict(env, PYTHONPATH=str(tmp_path / "sys"), LIBDDP_PATH=str(tmp_path / "nothing.so")))
+    assert bad.returncode != 0 and b"set LIBDDP_PATH" in bad.stdout
