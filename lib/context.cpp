@@ -108,6 +108,11 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
 }
 
 Context::~Context() {
+  // Destroyed in the middle of a backward pass: the launched buckets may be waiting for peers that
+  // will never match them. Abort first, so that they (and the peers, where the engine allows) stop.
+  // Borrowed stream communicators (config.stream_comms) are the caller's and are left alone.
+  if (state_ == State::InBackward && !aborted_ && cfg_.stream_comms.empty())
+    abort(Error(DDP_ERR_ABORTED, "destroyed during a backward pass"));
   // Let queued work finish (each collective bounds itself by the timeout) before buffers go away.
   for (auto& s : streams_) {
     try {

@@ -15,7 +15,8 @@ struct Reducer::BucketTask final : Task {
     try {
       reducer->run_bucket(bucket);
     } catch (const Error& e) {
-      const Reducer& r = *reducer;
+      Reducer& r = *reducer;
+      if (e.status() == DDP_ERR_TIMEOUT) r.keep_buffers_ = true;  // the collective may still be posted
       throw Error(e.status(), format("iteration %llu, bucket %d of %zu (stream %d): %s",
                                      static_cast<unsigned long long>(r.iteration_), bucket, r.rt_.size(),
                                      r.plan_.buckets[static_cast<size_t>(bucket)].stream, e.what()));
@@ -52,7 +53,7 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
 }
 
 namespace {
-// Host buffers of aborted reducers. An MPI collective that timed out cannot be cancelled: it stays
+// Host buffers of reducers whose collectives timed out. An MPI collective cannot be cancelled: it stays
 // posted and writes into its buffer whenever the late rank shows up, so that buffer is never freed.
 // Held here (reachable) rather than leaked. Device buffers are freed: ncclCommAbort ends their kernels.
 std::mutex g_kept_mu;
@@ -317,7 +318,6 @@ void Reducer::finish(void* user_stream, Deadline dl) {
 Dtype Reducer::wire(int b) const { return rt_[static_cast<size_t>(b)]->wire; }
 
 void Reducer::cancel() {
-  keep_buffers_ = true;
   for (Stream* s : env_.streams) s->cancel();
 }
 

@@ -103,7 +103,7 @@ class Reducer {
   int next_ = 0;                  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
   uint64_t iteration_ = 0;
-  bool keep_buffers_ = false;     // set by cancel(): collectives may still be writing to the buffers
+  std::atomic<bool> keep_buffers_{false};  // a collective timed out: it may still write to the buffers
   Reduction red_;
   double pre_ = 1.0, post_ = 1.0;
 };
