@@ -1,0 +1,87 @@
+# Reliability: the API fuzzer, the fault tests under mpirun, the threaded local-group program and the
+# sanitizer runs.
+#   make fuzz FUZZ_SECONDS=60   libFuzzer (clang) over the API; new inputs go to $(FUZZ_BUILD)/corpus
+#   make test-sanitize          every suite under ASan+UBSan, the threaded suites under TSan
+# Suites added to `make test`: fuzz (replays tests/fuzz/corpus), threads (local group, threads marking
+# grads at once), faults (ranks that die, stall, disagree; NaN/Inf; unused grads; threads under MPI).
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   ?= build/fuzz
+FUZZ_CXX     ?= clang++
+FUZZ_ARGS    ?=
+FAULT_TIMEOUT_MS ?= 2000
+
+REL_STATIC := $(BUILD)/lib/libddp.a
+REL_SHARED := $(BUILD)/lib/libddp.so.$(MAJOR)
+FUZZ_REPLAY := $(BUILD)/tests/fuzz_replay
+THREADS_BIN := $(BUILD)/tests/threads_local
+FAULTS_BIN  := $(BUILD)/tests/faults
+SAN_SUPP    := $(abspath tests/faults/lsan.supp)
+
+# Sanitizer reports must fail the run, not scroll by.
+export ASAN_OPTIONS ?= abort_on_error=1:detect_leaks=1
+export UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
+export LSAN_OPTIONS ?= suppressions=$(SAN_SUPP):print_suppressions=0
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+
+$(FUZZ_REPLAY): tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp $(REL_STATIC)
+	$(call say,LINK,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp \
+	  $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
+
+$(THREADS_BIN): tests/faults/threads_local.cpp $(REL_STATIC)
+	$(call say,LINK,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $< $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
+
+$(FAULTS_BIN): tests/faults/faults.cpp $(REL_SHARED)
+	$(call say,LINK,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ \
+	  -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(LDFLAGS_ALL) $(MPI_LIBS)
+
+SUITES += fuzz threads faults
+.PHONY: suite-fuzz suite-threads suite-faults fuzz fuzz-build test-sanitize
+
+suite-fuzz: $(FUZZ_REPLAY)
+	$(Q)timeout 600 $(FUZZ_REPLAY) tests/fuzz/corpus
+
+suite-threads: $(THREADS_BIN)
+	$(Q)timeout 300 $(THREADS_BIN)
+
+ifeq ($(HAVE_MPI),1)
+suite-faults: $(FAULTS_BIN)
+	$(Q)MPIRUN="$(MPIRUN)" TIMEOUT_MS=$(FAULT_TIMEOUT_MS) tests/faults/run.sh $(FAULTS_BIN)
+else
+suite-faults:
+	@echo "faults: skipped: built with MPI=0"
+	@echo "faults: 0 passed, 0 failed, 1 skipped"
+endif
+
+# libFuzzer needs clang; the library is built for it in its own tree (no MPI: the fuzzer uses the
+# in-process communicators), instrumented for coverage, ASan and UBSan, every report fatal.
+FUZZ_SAN := -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+fuzz-build:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CXX=$(FUZZ_CXX) CC=clang MPI=0 CUDA=0 \
+	  SANITIZE=address,undefined,fuzzer-no-link CXXFLAGS=-fno-sanitize-recover=all $(FUZZ_BUILD)/lib/libddp.a
+	$(call say,LINK,$(FUZZ_BUILD)/fuzz_api)
+	$(Q)$(FUZZ_CXX) -std=c++17 -O1 -g $(FUZZ_SAN) -Iinclude tests/fuzz/fuzz_api.cpp $(FUZZ_BUILD)/lib/libddp.a \
+	  -lpthread -o $(FUZZ_BUILD)/fuzz_api
+
+fuzz: fuzz-build
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	$(Q)nice -n 10 $(FUZZ_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=2048 \
+	  -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_ARGS) $(FUZZ_BUILD)/corpus tests/fuzz/corpus
+
+# Everything under ASan+UBSan in its own tree, then the threaded suites under TSan; a report anywhere
+# fails (the runtimes abort on the first one, and the logs are searched as well).
+SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer
+test-sanitize:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined lib
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined test
+	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/asan/logs/*.log
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread lib
+	$(Q)BUILD=$(BUILD)/tsan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread" \
+	  $(filter unit threads fuzz,$(SUITES))
+	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/tsan/logs/*.log
+	@echo "test-sanitize: no sanitizer reports"

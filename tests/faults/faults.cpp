@@ -1,0 +1,480 @@
+// Fault tests under mpirun. One scenario per run, named on the command line:
+//
+//   faults SCENARIO SEED TIMEOUT_MS
+//
+//   die-exit   the last rank exits in the middle of a backward pass (run with --enable-recovery)
+//   die-kill   the last rank SIGKILLs itself there (run with --enable-recovery)
+//   stall      the last rank sleeps past the timeout there, then carries on
+//   mismatch   ranks register different grads, or configs that differ in one field
+//   unused     ranks leave different grads unused, under both unused policies
+//   nonfinite  NaN and Inf travel through unchanged; check_finite counts their buckets
+//   threads    grads marked ready from several threads at once give the results of one thread
+//
+// Every check prints one line "RESULT <check> ok|FAIL <detail>" (from every surviving rank, or from
+// rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
+// tests/faults/run.sh runs each scenario under a time bound and reads these lines.
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.hpp"
+
+using namespace faults;
+
+namespace {
+
+int g_rank = 0, g_world = 1;
+uint64_t g_seed = 1;
+int64_t g_timeout_ms = 2000;
+// Slack on top of timeout_ms for a survivor to notice and return: polling, an oversubscribed host.
+constexpr double kMarginMs = 1500;
+
+void result(const std::string& check, bool ok, const std::string& detail) {
+  std::printf("RESULT %s %s [rank %d] %s\n", check.c_str(), ok ? "ok" : "FAIL", g_rank, detail.c_str());
+  std::fflush(stdout);
+}
+
+// One verdict for all ranks (every rank must be alive).
+void result_all(const std::string& check, bool ok_here, const std::string& detail) {
+  int ok = ok_here ? 1 : 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok_here) result(check, false, detail);
+  else if (g_rank == 0) result(check, all != 0, all ? detail : "failed on another rank");
+}
+
+void done() {
+  std::printf("DONE rank %d\n", g_rank);
+  std::fflush(stdout);
+}
+
+std::string status_text(ddp_status_t s) {
+  return std::string(ddp_status_string(s)) + (s ? std::string(": ") + ddp_last_error() : std::string());
+}
+
+ddp_comm_t g_comm = nullptr;
+
+struct Ctx {
+  ddp_t d = nullptr;
+  std::vector<Grad> grads;
+};
+
+ddp_config_t base_config() {
+  ddp_config_t c;
+  ddp_config_init(&c);
+  c.timeout_ms = g_timeout_ms;
+  c.message_size = 1200;  // several buckets per dtype
+  c.num_streams = 2;
+  return c;
+}
+
+// Creates a context and registers `n` grads (copy layout: the harness's buffers).
+ddp_status_t make_ctx(Ctx* x, const ddp_config_t& cfg, int n) {
+  x->grads = make_grads(n);
+  ddp_status_t s = ddp_create(g_comm, &cfg, &x->d);
+  if (s) return s;
+  for (Grad& g : x->grads) {
+    s = ddp_register_grad(x->d, cfg.layout == DDP_LAYOUT_ARENA ? nullptr : g.buf.data(), g.numel, g.dtype, 0, &g.index);
+    if (s) return s;
+  }
+  return ddp_commit(x->d);
+}
+
+void* where(Ctx& x, Grad& g) {
+  void* p = nullptr;
+  if (ddp_grad_ptr(x.d, g.index, &p) != DDP_SUCCESS) return nullptr;
+  return p;
+}
+
+void fill(Ctx& x, int iter) {
+  for (size_t gi = 0; gi < x.grads.size(); ++gi) {
+    Grad& g = x.grads[gi];
+    void* p = where(x, g);
+    for (size_t i = 0; i < g.numel; ++i) store(p, i, g.dtype, value(g_seed, g_rank, iter, static_cast<int>(gi), i));
+  }
+}
+
+// Compares every grad with the average over `givers` of what those ranks gave (the default
+// gradient_average with predivide 1: sum / world).
+bool verify(Ctx& x, int iter, const std::function<bool(int rank, int grad)>& gave, std::string* why) {
+  for (size_t gi = 0; gi < x.grads.size(); ++gi) {
+    Grad& g = x.grads[gi];
+    const void* p = where(x, g);
+    for (size_t i = 0; i < g.numel; ++i) {
+      double sum = 0;
+      for (int r = 0; r < g_world; ++r)
+        if (gave(r, static_cast<int>(gi))) sum += value(g_seed, r, iter, static_cast<int>(gi), i);
+      // Sums of quarters are exact; the division by the world size rounds once in the grad's dtype.
+      const double want = sum / g_world, got = load(p, i, g.dtype);
+      const double tol = g.dtype == DDP_F64 ? 1e-12 : g.dtype == DDP_F32 ? 1e-6 : g.dtype == DDP_F16 ? 1e-3 : 8e-3;
+      if (!(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)))) {
+        char b[200];
+        std::snprintf(b, sizeof b, "iteration %d grad %zu[%zu]: %.9g, expected %.9g", iter, gi, i, got, want);
+        *why = b;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool all_gave(int, int) { return true; }
+
+// ---------------------------------------------------------------------------------------------
+// A rank dies, or stalls, in the middle of iteration 2.
+// ---------------------------------------------------------------------------------------------
+
+enum class Fault { Exit, Kill, Stall };
+
+int run_fault(Fault fault, const char* name) {
+  const int victim = g_world - 1;
+  Ctx x;
+  ddp_config_t cfg = base_config();
+  ddp_status_t s = make_ctx(&x, cfg, 12);
+  if (s) {
+    result(name, false, "setup: " + status_text(s));
+    return 1;
+  }
+  // Two good iterations first (the first learns the plan); then the fault.
+  for (int it = 0; it < 2; ++it) {
+    ddp_begin_backward(x.d, nullptr);
+    fill(x, it);
+    for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    s = ddp_finish_backward(x.d, nullptr);
+    std::string why;
+    if (s || !verify(x, it, all_gave, &why)) {
+      result(name, false, "warm-up iteration: " + (s ? status_text(s) : why));
+      return 1;
+    }
+  }
+  const int it = 2;
+  const int n = static_cast<int>(x.grads.size());
+  ddp_begin_backward(x.d, nullptr);
+  fill(x, it);
+  const double t0 = now_ms();
+  if (g_rank == victim) {
+    for (int g = n - 1; g >= n / 2; --g) ddp_grad_ready(x.d, g);  // some buckets go out
+    std::fflush(stdout);
+    if (fault == Fault::Exit) _exit(3);
+    if (fault == Fault::Kill) raise(SIGKILL);
+    usleep(static_cast<useconds_t>((g_timeout_ms + 1000) * 1000));
+    for (int g = n / 2 - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    const double t1 = now_ms();
+    s = ddp_finish_backward(x.d, nullptr);
+    const double took = now_ms() - t1;
+    // Whatever the late rank gets (its peers gave up), it must get it within the bound.
+    bool ok = (s == DDP_SUCCESS || s == DDP_ERR_TIMEOUT || s == DDP_ERR_ABORTED) && took <= g_timeout_ms + kMarginMs;
+    char b[160];
+    std::snprintf(b, sizeof b, "late rank: finish after %.0f ms -> ", took);
+    result(std::string(name) + "-late-rank", ok, b + status_text(s));
+  } else {
+    for (int g = n - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    s = ddp_finish_backward(x.d, nullptr);
+    const double took = now_ms() - t0;
+    const std::string msg = ddp_last_error();
+    bool ok = (s == DDP_ERR_TIMEOUT || s == DDP_ERR_ABORTED) && took <= g_timeout_ms + kMarginMs &&
+              took >= 0.5 * static_cast<double>(g_timeout_ms) && msg.find("iteration 2") != std::string::npos &&
+              msg.find("bucket") != std::string::npos;
+    char b[160];
+    std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
+    result(name, ok, b + status_text(s));
+    // The context is now aborted: every call says so at once.
+    const double t2 = now_ms();
+    s = ddp_begin_backward(x.d, nullptr);
+    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100, "next call -> " + status_text(s));
+  }
+  const double t3 = now_ms();
+  ddp_destroy(x.d);
+  const double dt = now_ms() - t3;
+  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs, "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  done();
+  // A dead peer can make MPI_Finalize wait forever: survivors leave without it.
+  std::fflush(stdout);
+  if (fault != Fault::Stall) _exit(0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ranks that disagree: every rank gets DDP_ERR_MISMATCH naming the first difference.
+// ---------------------------------------------------------------------------------------------
+
+void run_mismatch() {
+  struct Case {
+    const char* name;
+    const char* expect;  // in the message
+    std::function<void(ddp_config_t&, std::vector<Grad>&)> tweak;
+  };
+  auto retype = [](Grad& g, ddp_dtype_t d) {
+    g.dtype = d;
+    g.buf.assign(g.numel * esize(d), 0);
+  };
+  const std::vector<Case> cases = {
+      {"numel", "grad 3", [](ddp_config_t&, std::vector<Grad>& g) { g[3].numel += 1; g[3].buf.resize(g[3].numel * 8); }},
+      {"dtype", "grad 1", [&](ddp_config_t&, std::vector<Grad>& g) { retype(g[1], DDP_F32); }},
+      {"count", "registered", [](ddp_config_t&, std::vector<Grad>& g) { g.pop_back(); }},
+      {"message_size", "message_size", [](ddp_config_t& c, std::vector<Grad>&) { c.message_size *= 2; }},
+      {"num_streams", "num_streams", [](ddp_config_t& c, std::vector<Grad>&) { c.num_streams = 3; }},
+      {"layout", "layout", [](ddp_config_t& c, std::vector<Grad>&) { c.layout = DDP_LAYOUT_ARENA; }},
+      {"plan_order", "plan_order", [](ddp_config_t& c, std::vector<Grad>&) { c.plan_order = DDP_PLAN_REGISTRATION; }},
+      {"delay_allreduce", "delay_allreduce", [](ddp_config_t& c, std::vector<Grad>&) { c.delay_allreduce = 1; }},
+      {"predivide", "gradient_predivide_factor", [](ddp_config_t& c, std::vector<Grad>&) { c.gradient_predivide_factor = 2; }},
+      {"unused_policy", "unused_policy", [](ddp_config_t& c, std::vector<Grad>&) { c.unused_policy = DDP_UNUSED_ZERO; }},
+  };
+  for (const Case& k : cases) {
+    const std::string check = std::string("mismatch-") + k.name;
+    ddp_config_t cfg = base_config();
+    std::vector<Grad> grads = make_grads(8);
+    if (g_rank == g_world - 1) k.tweak(cfg, grads);
+    const double t0 = now_ms();
+    ddp_t d = nullptr;
+    ddp_status_t s = ddp_create(g_comm, &cfg, &d);
+    const char* stage = "ddp_create";
+    if (s == DDP_SUCCESS) {
+      for (Grad& g : grads) {
+        s = ddp_register_grad(d, cfg.layout == DDP_LAYOUT_ARENA ? nullptr : g.buf.data(), g.numel, g.dtype, 0, &g.index);
+        if (s) break;
+      }
+      stage = "ddp_commit";
+      if (s == DDP_SUCCESS) s = ddp_commit(d);
+    }
+    const double took = now_ms() - t0;
+    const std::string msg = ddp_last_error();
+    bool ok = s == DDP_ERR_MISMATCH && msg.find(k.expect) != std::string::npos && took < g_timeout_ms;
+    if (d && ok) {
+      ddp_status_t s2 = ddp_begin_backward(d, nullptr);
+      ok = s2 == DDP_ERR_ABORTED;
+    }
+    ddp_destroy(d);
+    char b[96];
+    std::snprintf(b, sizeof b, "%s after %.0f ms -> ", stage, took);
+    result_all(check, ok, b + std::string(ddp_status_string(s)) + ": " + msg);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank r >= 1 leaves grad r unused. Zero policy: success and one result everywhere. Error policy:
+// every rank reports every rank's unused grads, and the values are still the same everywhere.
+// ---------------------------------------------------------------------------------------------
+
+uint64_t checksum(Ctx& x) {
+  uint64_t h = 1469598103934665603ull;
+  for (Grad& g : x.grads) {
+    const unsigned char* p = static_cast<const unsigned char*>(where(x, g));
+    for (size_t i = 0; i < g.numel * esize(g.dtype); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+void run_unused() {
+  for (int zero = 0; zero < 2; ++zero)
+    for (int layout = 0; layout < 2; ++layout)
+      for (int plan = 0; plan < 2; ++plan) {
+        char check[96];
+        std::snprintf(check, sizeof check, "unused-%s-%s-%s", zero ? "zero" : "error", layout ? "arena" : "copy",
+                      plan ? "registration" : "learned");
+        ddp_config_t cfg = base_config();
+        cfg.unused_policy = zero ? DDP_UNUSED_ZERO : DDP_UNUSED_ERROR;
+        cfg.layout = layout;
+        cfg.plan_order = plan;
+        Ctx x;
+        ddp_status_t s = make_ctx(&x, cfg, 9);
+        bool ok = s == DDP_SUCCESS;
+        std::string why = ok ? "" : "setup: " + status_text(s);
+        auto gave = [](int r, int g) { return r == 0 || g != r; };
+        for (int it = 0; ok && it < 3; ++it) {
+          ddp_begin_backward(x.d, nullptr);
+          fill(x, it);
+          for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g)
+            if (gave(g_rank, g)) ddp_grad_ready(x.d, g);
+          s = ddp_finish_backward(x.d, nullptr);
+          const std::string msg = ddp_last_error();
+          if (zero) {
+            if (s) ok = false, why = "finish -> " + status_text(s);
+          } else {
+            if (s != DDP_ERR_INVALID_STATE) ok = false, why = "finish -> " + status_text(s);
+            for (int r = 1; ok && r < g_world && r < 9; ++r) {
+              const std::string name = "rank " + std::to_string(r) + ": grad " + std::to_string(r);
+              if (msg.find(name) == std::string::npos) ok = false, why = "the report lacks '" + name + "': " + msg;
+            }
+            if (ok && msg.find("rank 0:") != std::string::npos) ok = false, why = "rank 0 reported, it used every grad: " + msg;
+          }
+          if (ok && !verify(x, it, gave, &why)) ok = false;
+          // Bitwise the same everywhere.
+          uint64_t mine = checksum(x), first = mine;
+          MPI_Bcast(&first, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+          if (ok && mine != first) ok = false, why = "the grads differ from rank 0's";
+        }
+        ddp_destroy(x.d);
+        result_all(check, ok, ok ? "3 iterations, every rank the same result" : why);
+      }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NaN and Inf from one rank reach every rank unchanged; check_finite counts the buckets.
+// ---------------------------------------------------------------------------------------------
+
+void run_nonfinite() {
+  for (int layout = 0; layout < 2; ++layout)
+    for (int check_finite = 0; check_finite < 2; ++check_finite) {
+      char check[96];
+      std::snprintf(check, sizeof check, "nonfinite-%s-check%d", layout ? "arena" : "copy", check_finite);
+      ddp_config_t cfg = base_config();
+      cfg.layout = layout;
+      cfg.plan_order = DDP_PLAN_REGISTRATION;
+      cfg.check_finite = check_finite;
+      Ctx x;
+      ddp_status_t s = make_ctx(&x, cfg, 8);
+      bool ok = s == DDP_SUCCESS;
+      std::string why = ok ? "" : "setup: " + status_text(s);
+      // grad 0 (f32) gets a NaN, grad 2 (f16) +Inf and grad 5 (f64) -Inf, all from the last rank.
+      const int bad_grads[3] = {0, 2, 5};
+      int nb = 0;
+      std::vector<char> bad_bucket;
+      if (ok) {
+        ddp_get_plan(x.d, &nb, nullptr);
+        bad_bucket.assign(static_cast<size_t>(nb), 0);
+        for (int b = 0; b < nb; ++b) {
+          ddp_bucket_info_t info;
+          std::vector<int> members(x.grads.size());
+          ddp_get_bucket(x.d, b, &info, members.data(), members.size());
+          for (int j = 0; j < info.num_grads; ++j)
+            for (int g : bad_grads) bad_bucket[static_cast<size_t>(b)] |= members[static_cast<size_t>(j)] == g;
+        }
+      }
+      const uint64_t want_count = static_cast<uint64_t>(std::count(bad_bucket.begin(), bad_bucket.end(), 1));
+      for (int it = 0; ok && it < 2; ++it) {
+        ddp_stats_t before;
+        before.size = sizeof before;
+        ddp_get_stats(x.d, &before);
+        ddp_begin_backward(x.d, nullptr);
+        fill(x, it);
+        const bool inject = it == 0;  // iteration 1 is all finite
+        if (inject && g_rank == g_world - 1) {
+          store(where(x, x.grads[0]), 3, x.grads[0].dtype, NAN);
+          store(where(x, x.grads[2]), 0, x.grads[2].dtype, INFINITY);
+          store(where(x, x.grads[5]), 7, x.grads[5].dtype, -INFINITY);
+        }
+        for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+        s = ddp_finish_backward(x.d, nullptr);
+        if (s) {
+          ok = false, why = "finish -> " + status_text(s);
+          break;
+        }
+        for (size_t gi = 0; ok && gi < x.grads.size(); ++gi) {
+          Grad& g = x.grads[gi];
+          const void* p = where(x, g);
+          for (size_t i = 0; ok && i < g.numel; ++i) {
+            double got = load(p, i, g.dtype);
+            bool special = inject && ((gi == 0 && i == 3) || (gi == 2 && i == 0) || (gi == 5 && i == 7));
+            if (special) {
+              bool right = gi == 0 ? std::isnan(got) : gi == 2 ? (std::isinf(got) && got > 0) : (std::isinf(got) && got < 0);
+              if (!right) ok = false, why = "grad " + std::to_string(gi) + " lost its non-finite value: " + std::to_string(got);
+            } else if (!std::isfinite(got)) {
+              ok = false, why = "a non-finite value spread to grad " + std::to_string(gi) + "[" + std::to_string(i) + "]";
+            }
+          }
+        }
+        ddp_stats_t after;
+        after.size = sizeof after;
+        ddp_get_stats(x.d, &after);
+        const uint64_t counted = after.nonfinite_buckets - before.nonfinite_buckets;
+        const uint64_t want = check_finite && inject ? want_count : 0;
+        if (ok && counted != want)
+          ok = false, why = "nonfinite_buckets grew by " + std::to_string(counted) + ", expected " + std::to_string(want);
+      }
+      ddp_destroy(x.d);
+      result_all(check, ok, ok ? "NaN, +Inf, -Inf arrived on every rank; " + std::to_string(check_finite ? want_count : 0) + " buckets counted" : why);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several threads mark grads ready at once: the results are bitwise those of one thread.
+// ---------------------------------------------------------------------------------------------
+
+void run_threads() {
+  for (int plan = 0; plan < 2; ++plan) {
+    const std::string check = std::string("threads-") + (plan ? "registration" : "learned");
+    ddp_config_t cfg = base_config();
+    cfg.plan_order = plan;
+    cfg.num_streams = 3;
+    Ctx one, many;
+    ddp_status_t s = make_ctx(&one, cfg, 40);
+    if (!s) s = make_ctx(&many, cfg, 40);
+    bool ok = s == DDP_SUCCESS;
+    std::string why = ok ? "" : "setup: " + status_text(s);
+    const int n = 40, nthreads = 4;
+    for (int it = 0; ok && it < 4; ++it) {
+      ddp_begin_backward(one.d, nullptr);
+      fill(one, it);
+      for (int g = n - 1; g >= 0; --g) ddp_grad_ready(one.d, g);
+      ddp_status_t s1 = ddp_finish_backward(one.d, nullptr);
+      ddp_begin_backward(many.d, nullptr);
+      fill(many, it);
+      std::vector<std::thread> ts;
+      std::vector<int> bad(nthreads, 0);
+      for (int t = 0; t < nthreads; ++t)
+        ts.emplace_back([&, t] {
+          for (int g = n - 1 - t; g >= 0; g -= nthreads)
+            if (ddp_grad_ready(many.d, g) != DDP_SUCCESS) bad[static_cast<size_t>(t)] = 1;
+        });
+      for (auto& th : ts) th.join();
+      ddp_status_t s2 = ddp_finish_backward(many.d, nullptr);
+      if (s1 || s2 || std::count(bad.begin(), bad.end(), 1)) {
+        ok = false, why = "one thread -> " + std::string(ddp_status_string(s1)) + ", many -> " + ddp_status_string(s2);
+        break;
+      }
+      if (!verify(many, it, all_gave, &why)) ok = false;
+      for (int g = 0; ok && g < n; ++g)
+        if (std::memcmp(where(one, one.grads[g]), where(many, many.grads[g]), one.grads[g].buf.size()) != 0)
+          ok = false, why = "grad " + std::to_string(g) + " differs between one thread and " + std::to_string(nthreads);
+    }
+    ddp_destroy(one.d);
+    ddp_destroy(many.d);
+    result_all(check, ok, ok ? "4 iterations, 4 threads marking 40 grads, bitwise the one-thread result" : why);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads [seed] [timeout_ms]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  if (argc > 2) g_seed = std::strtoull(argv[2], nullptr, 10);
+  if (argc > 3) g_timeout_ms = std::strtoll(argv[3], nullptr, 10);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  ddp_status_t s = ddp_comm_init_mpi(nullptr, &g_comm);
+  if (s) {
+    result(scenario, false, "ddp_comm_init_mpi -> " + status_text(s));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int rc = 0;
+  if (scenario == "die-exit") rc = run_fault(Fault::Exit, "die-exit");
+  else if (scenario == "die-kill") rc = run_fault(Fault::Kill, "die-kill");
+  else if (scenario == "stall") rc = run_fault(Fault::Stall, "stall");
+  else if (scenario == "mismatch") run_mismatch();
+  else if (scenario == "unused") run_unused();
+  else if (scenario == "nonfinite") run_nonfinite();
+  else if (scenario == "threads") run_threads();
+  else {
+    result(scenario, false, "unknown scenario");
+    rc = 2;
+  }
+  if (scenario.compare(0, 4, "die-") != 0 && scenario != "stall") done();
+  ddp_comm_destroy(g_comm);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs every fault scenario of the faults binary under mpirun, each under a wall-clock bound, and
+# sums them into "faults: N passed, N failed". A scenario passes when every RESULT line says ok, the
+# expected ranks print DONE, and it ends within its bound. Usage: run.sh BIN
+bin=$1
+MPIRUN=${MPIRUN:-mpirun}
+T=${TIMEOUT_MS:-2000}
+seed=${DDP_TEST_SEED:-$(date +%s)}
+pass=0; fail=0
+# scenario  ranks  ranks that must finish  bound (s)  mpirun flags
+scenarios=(
+  "die-exit  3 2 $((T / 1000 + 20)) --enable-recovery"
+  "die-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
+  "stall     3 3 $((2 * T / 1000 + 25)) "
+  "mismatch  3 3 60 "
+  "unused    3 3 60 "
+  "nonfinite 2 2 60 "
+  "threads   2 2 90 "
+)
+for line in "${scenarios[@]}"; do
+  read -r name np want bound flags <<<"$line"
+  t0=$(date +%s%N)
+  out=$(timeout -k 5 "$bound" $MPIRUN --oversubscribe $flags -np "$np" "$bin" "$name" "$seed" "$T" 2>&1)
+  rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  results=$(grep -E '^RESULT ' <<<"$out")
+  bad=$(grep -cE '^RESULT [^ ]+ FAIL' <<<"$out")
+  good=$(grep -cE '^RESULT [^ ]+ ok' <<<"$out")
+  done_n=$(grep -cE '^DONE rank' <<<"$out")
+  why=""
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="ran past its bound of ${bound}s"
+  [ -z "$why" ] && [ "$bad" -gt 0 ] && why="$bad checks failed"
+  [ -z "$why" ] && [ "$good" -eq 0 ] && why="no checks ran"
+  [ -z "$why" ] && [ "$done_n" -lt "$want" ] && why="only $done_n of $want ranks finished"
+  # Sanitizer reports fail a scenario even when its checks passed.
+  if [ -z "$why" ] && grep -qE 'ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer' <<<"$out"; then
+    why="sanitizer report"
+  fi
+  sed 's/^/  /' <<<"$results"
+  if [ -z "$why" ]; then
+    echo "faults: $name (np=$np) passed: $good checks, ${ms} ms (bound ${bound}s)"
+    pass=$((pass + 1))
+  else
+    echo "faults: $name (np=$np) FAILED: $why (exit $rc, ${ms} ms); last output:"
+    grep -vE '^RESULT ' <<<"$out" | tail -n 25 | sed 's/^/    /'
+    fail=$((fail + 1))
+  fi
+done
+echo "faults: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
