@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-REPS = 5
+REPS = 9
 
 
 def run(rank, world, sizes, port, as_view, queue):

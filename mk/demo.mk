@@ -1,4 +1,5 @@
 # The example trainer (make demo), its timeline suite, and the benchmarks (make bench).
+# (Prerequisites name $(BUILD)/lib/libddp.so: this file is read before the Makefile defines $(SHARED).)
 #   make demo                 the MLP trainer on DEMO_NP ranks over MPI (host memory)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
 #   make bench                the five benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
@@ -12,13 +13,13 @@ DEMO_GPU_BIN := $(BUILD)/examples/mlp_trainer_cuda
 MPIRUN_ENV := $(if $(filter 0,$(shell id -u)),OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,)
 RUN_NP     = $(MPIRUN_ENV) $(MPIRUN) --oversubscribe --bind-to none -np
 
-$(DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(SHARED)
+$(DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -std=c99 -Wall -Wextra -Iinclude $(EXAMPLE_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) -lm
 
-$(DEMO_GPU_BIN): examples/mlp_trainer.c include/ddp.h $(SHARED)
+$(DEMO_GPU_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CC,$< [cuda])
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -std=c99 -Wall -Wextra -Iinclude -I$(CUDA_HOME)/include -DDDP_EXAMPLE_CUDA $(EXAMPLE_CFLAGS) $< -o $@ \
@@ -59,7 +60,7 @@ endif
 # --- the benchmarks (not part of make test) ---
 BENCH_BIN := $(BUILD)/bench/ddp_bench
 .PHONY: bench
-$(BENCH_BIN): bench/ddp_bench.cpp bench/grad_sizes.hpp include/ddp.h $(SHARED)
+$(BENCH_BIN): bench/ddp_bench.cpp bench/grad_sizes.hpp include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 -O2 -g $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
