@@ -4,6 +4,8 @@
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
 #   make bench                the five benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
 # Knobs: DEMO_NP (2), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
+# A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace:
+# open in chrome://tracing or ui.perfetto.dev).
 DEMO_NP   ?= 2
 DEMO_ARGS ?=
 EXAMPLE_CFLAGS ?= -O3 -march=native -ffast-math
@@ -31,7 +33,7 @@ examples: $(DEMO_BIN)
 
 ifeq ($(HAVE_MPI),1)
 demo: $(DEMO_BIN)
-	@echo "== make demo: $(DEMO_NP) ranks over MPI (host memory); options: DEMO_ARGS='$(DEMO_ARGS)'"
+	@echo "== make demo: $(DEMO_NP) ranks over MPI (host memory); options: DEMO_ARGS='$(DEMO_ARGS)'$(if $(DDP_TIMELINE),; timeline: $(DDP_TIMELINE) per rank,)"
 	$(Q)$(RUN_NP) $(DEMO_NP) $(DEMO_BIN) $(DEMO_ARGS)
 	@if [ "$(HAVE_CUDA)" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "== a GPU is present: 'make demo-gpu' runs the same trainer with its grads in device memory over NCCL"; fi
