@@ -48,15 +48,16 @@ const NcclApi& api() {
   std::call_once(once, [] {
     int v = 0;
     if (ncclGetVersion(&v) == ncclSuccess) a.version = v < 10000 ? (v / 1000) * 10000 + (v % 1000) : v;
+    // The NCCL libddp was loaded with; RTLD_DEFAULT finds it too when NCCL was linked statically
+    // into the program or loaded globally under another name.
     void* h = dlopen("libnccl.so.2", RTLD_LAZY | RTLD_NOLOAD);
     if (!h) h = dlopen("libnccl.so", RTLD_LAZY | RTLD_NOLOAD);
-    if (h) {
-      a.comm_split = reinterpret_cast<decltype(a.comm_split)>(dlsym(h, "ncclCommSplit"));
-      a.premul_create = reinterpret_cast<decltype(a.premul_create)>(dlsym(h, "ncclRedOpCreatePreMulSum"));
-      a.op_destroy = reinterpret_cast<decltype(a.op_destroy)>(dlsym(h, "ncclRedOpDestroy"));
-      a.last_error = reinterpret_cast<decltype(a.last_error)>(dlsym(h, "ncclGetLastError"));
-      dlclose(h);  // NOLOAD took a reference to the already loaded library; it stays loaded
-    }
+    void* scope = h ? h : RTLD_DEFAULT;
+    a.comm_split = reinterpret_cast<decltype(a.comm_split)>(dlsym(scope, "ncclCommSplit"));
+    a.premul_create = reinterpret_cast<decltype(a.premul_create)>(dlsym(scope, "ncclRedOpCreatePreMulSum"));
+    a.op_destroy = reinterpret_cast<decltype(a.op_destroy)>(dlsym(scope, "ncclRedOpDestroy"));
+    a.last_error = reinterpret_cast<decltype(a.last_error)>(dlsym(scope, "ncclGetLastError"));
+    if (h) dlclose(h);  // NOLOAD took a reference to the already loaded library; it stays loaded
     if (a.version < 21800) a.comm_split = nullptr;
     if (a.version < 21100) a.premul_create = nullptr, a.op_destroy = nullptr;
   });
