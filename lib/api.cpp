@@ -66,7 +66,7 @@ ddp_comm_t wrap(std::unique_ptr<Comm> c) {
 extern "C" {
 
 const char* ddp_status_string(ddp_status_t status) {
-  switch (status) {
+  switch (enum_value(status)) {
 #define DDP_STATUS_CASE_(name, value, text) \
   case name:                                \
     return text;
@@ -203,10 +203,10 @@ ddp_status_t ddp_register_grad(ddp_t d, void* grad, size_t numel, ddp_dtype_t dt
   return guard("ddp_register_grad", [&] {
     Context& c = ctx(d, "ddp_register_grad");
     need(index, "ddp_register_grad", "index");
-    if (!dtype_valid(dtype))
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_register_grad: dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)",
-           static_cast<int>(dtype));
-    *index = c.register_grad(grad, numel, static_cast<Dtype>(dtype), flags);
+    const int dt = enum_value(dtype);
+    if (!dtype_valid(dt))
+      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_register_grad: dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", dt);
+    *index = c.register_grad(grad, numel, static_cast<Dtype>(dt), flags);
   });
 }
 

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "ddp.h"
 
@@ -28,6 +30,15 @@ inline size_t dtype_size(Dtype d) {
 inline bool is_16bit(Dtype d) { return d == Dtype::F16 || d == Dtype::BF16; }
 const char* dtype_name(Dtype d);
 inline bool dtype_valid(int d) { return d >= 0 && d < kNumDtypes; }
+
+// The integer a caller passed for a C enum. C allows any int there, but loading a value outside the
+// enumerators' range as the C++ enum type is undefined behaviour, so it is read as bytes.
+template <class E>
+inline int enum_value(const E& e) {
+  typename std::underlying_type<E>::type v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<int>(v);
+}
 
 // The one exception type of the library: a status and a message. The C shell turns it into both.
 class Error : public std::exception {

@@ -533,7 +533,8 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
   if (root < 0 || root >= world_)
     fail(DDP_ERR_INVALID_ARGUMENT, "ddp_broadcast: root %d out of range 0..%d", root, world_ - 1);
   for (int i = 0; i < n; ++i) {
-    if (!dtype_valid(dtypes[i])) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_broadcast: dtypes[%d] is %d, not a ddp_dtype_t", i, dtypes[i]);
+    if (!dtype_valid(enum_value(dtypes[i])))
+      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_broadcast: dtypes[%d] is %d, not a ddp_dtype_t", i, enum_value(dtypes[i]));
     if (counts[i] > 0 && !buffers[i]) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_broadcast: buffers[%d] is NULL", i);
     if (counts[i] > SIZE_MAX / 16) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_broadcast: counts[%d] is too large", i);
   }
