@@ -276,8 +276,10 @@ DDP_API ddp_status_t ddp_begin_backward(ddp_t ddp, void* stream);
  * nothing. When this completes the next bucket in plan order (and possibly more after it), those
  * buckets are launched: on host memory handed to the bucket's worker thread, on GPUs enqueued behind
  * `stream` of ddp_begin_backward. The grad must not be written again until ddp_finish_backward.
- * Thread-safe: several threads may mark different grads at once. Marking a grad twice in one
- * iteration is DDP_ERR_INVALID_STATE. With sync disabled (ddp_set_sync) it only records the mark. */
+ * Thread-safe: several threads may mark different grads at once (as autograd engines do), and the
+ * results are bitwise those of marking them from one thread, in any order: buckets always launch in
+ * plan order. Marking a grad twice in one iteration is DDP_ERR_INVALID_STATE. With sync disabled
+ * (ddp_set_sync) it only records the mark. */
 DDP_API ddp_status_t ddp_grad_ready(ddp_t ddp, int index);
 
 /* ddp_grad_ready with the grad's storage for this iteration (copy layout; NULL keeps the pointer). */
