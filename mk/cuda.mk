@@ -5,6 +5,17 @@ NCCL_HOME ?= $(CUDA_HOME)
 CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                 -gencode arch=compute_90,code=compute_90
 
+# NCCL's header: under NCCL_HOME, or where a distribution package puts it.
+NCCL_H := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+ifeq ($(HAVE_CUDA)$(NCCL_H),1)
+  ifeq ($(CUDA),auto)
+    $(info libddp: nvcc found but no nccl.h under NCCL_HOME=$(NCCL_HOME): building without the CUDA backend)
+    HAVE_CUDA := 0
+  else
+    $(error CUDA=1, but nccl.h is not under NCCL_HOME=$(NCCL_HOME)/include nor /usr/include)
+  endif
+endif
+
 ifeq ($(HAVE_CUDA),1)
 CUDA_BACKEND := 1
 CUDA_INC := -isystem $(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-isystem $(NCCL_HOME)/include,)
