@@ -136,6 +136,16 @@ GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dt
           std::vector<Grad> g = make_grads(rng, true);
           if (!arena) alloc_grads(g);
           register_all(ddp, g, arena != 0);
+          // NCCL sums 16-bit types natively: they travel as themselves unless allreduce_always_fp32.
+          int nb = 0;
+          DDP_OK(ddp_get_plan(ddp, &nb, nullptr));
+          for (int b = 0; b < nb; ++b) {
+            ddp_bucket_info_t info;
+            DDP_OK(ddp_get_bucket(ddp, b, &info, nullptr, 0));
+            const bool is16 = info.dtype == DDP_F16 || info.dtype == DDP_BF16;
+            CHECK(info.wire == (is16 && fp32 ? DDP_F32 : info.dtype));
+            CHECK(info.stream == b % ns);
+          }
           for (int it = 0; it < 3; ++it) {
             CAPTURE(it);
             iterate(ddp, g, rng, stream, arena != 0);
