@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "host_device.hpp"
 
@@ -136,21 +138,43 @@ class MpiComm final : public Comm {
     }
   }
 
+  // ddp_broadcast: the caller's buffers, in place.
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
-    broadcast_host(buf, bytes, root, dl);
+    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    bcast_pieces(static_cast<char*>(buf), bytes, root, dl);
   }
 
+  // The control path (agreement, plan, unused-grad report) runs on buffers this comm owns, not on
+  // the callers' locals: a collective that timed out stays posted and writes into its buffer
+  // whenever the late rank arrives, so after a timeout those buffers are kept, never freed.
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     if (bytes > kMaxChunk) fail(DDP_ERR_INTERNAL, "allgather of %zu bytes per rank", bytes);
+    send_.assign(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
+    recv_.resize(bytes * static_cast<size_t>(size_));
     MPI_Request req;
-    DDP_MPI_CHECK(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
+    DDP_MPI_CHECK(MPI_Iallgather(send_.data(), static_cast<int>(bytes), MPI_BYTE, recv_.data(), static_cast<int>(bytes),
                                  MPI_BYTE, comm_, &req));
-    wait_request(&req, dl, "MPI allgather");
+    control_wait(&req, dl, "MPI allgather");
+    if (bytes) std::memcpy(out, recv_.data(), recv_.size());
   }
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
     if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
-    char* p = static_cast<char*>(buf);
+    send_.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + bytes);
+    try {
+      bcast_pieces(send_.data(), bytes, root, dl);
+    } catch (const Error& e) {
+      if (e.status() == DDP_ERR_TIMEOUT) keep_control_buffers();
+      throw;
+    }
+    if (bytes) std::memcpy(buf, send_.data(), bytes);
+  }
+
+  // An MPI collective cannot be cancelled; the communicator is simply never used (or freed) again.
+  void abort() override { aborted_ = true; }
+
+ private:
+  void bcast_pieces(char* p, size_t bytes, int root, Deadline dl) {
     for (size_t done = 0; done < bytes;) {
       size_t k = std::min(kMaxChunk, bytes - done);
       MPI_Request req;
@@ -159,14 +183,28 @@ class MpiComm final : public Comm {
       done += k;
     }
   }
+  void control_wait(MPI_Request* req, Deadline dl, const char* what) {
+    try {
+      wait_request(req, dl, what);
+    } catch (const Error& e) {
+      if (e.status() == DDP_ERR_TIMEOUT) keep_control_buffers();
+      throw;
+    }
+  }
+  void keep_control_buffers() {
+    static std::mutex mu;
+    static std::vector<std::vector<char>>* kept = new std::vector<std::vector<char>>();  // reachable
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(send_));
+    kept->push_back(std::move(recv_));
+    send_ = std::vector<char>();
+    recv_ = std::vector<char>();
+  }
 
-  // An MPI collective cannot be cancelled; the communicator is simply never used (or freed) again.
-  void abort() override { aborted_ = true; }
-
- private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
+  std::vector<char> send_, recv_;  // control-path buffers (see allgather_host)
 };
 
 }  // namespace
