@@ -75,13 +75,22 @@ fuzz: fuzz-build
 
 # Everything under ASan+UBSan in its own tree, then the threaded suites under TSan; a report anywhere
 # fails (the runtimes abort on the first one, and the logs are searched as well).
+# Suites that load the library into another language's runtime cannot take a sanitized build; the
+# timeline suite's example trainer is linked without $(SAN) (mk/demo.mk), so it cannot either.
+SAN_SKIP ?= python rust julia timeline
+# Open MPI unloads its plugins at MPI_Finalize, so what they keep until exit shows up as leaks from
+# "<unknown module>" that no suppression can name: ranks under mpirun check memory errors and UB,
+# not leaks. Leaks are checked by every suite without MPI (fuzz, threads, unit).
+SAN_MPIRUN ?= mpirun -x ASAN_OPTIONS=abort_on_error=1:detect_leaks=0
+TSAN_SUITES ?= unit threads fuzz
 SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer
 test-sanitize:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined lib
-	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined test
+	$(Q)MPIRUN="$(SAN_MPIRUN)" BUILD=$(BUILD)/asan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined" \
+	  $(filter-out $(SAN_SKIP),$(SUITES))
 	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/asan/logs/*.log
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread lib
 	$(Q)BUILD=$(BUILD)/tsan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread" \
-	  $(filter unit threads fuzz,$(SUITES))
+	  $(filter $(TSAN_SUITES),$(SUITES))
 	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/tsan/logs/*.log
 	@echo "test-sanitize: no sanitizer reports"
