@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "../kernels/elementwise.h"
 
@@ -14,6 +15,23 @@ namespace host {
 
 template <class S, class D>
 static void convert_typed(const void* src, void* dst, size_t n, double scale) {
+  if constexpr (std::is_same<S, D>::value && std::is_same<typename S::storage, typename S::math>::value) {
+    // f32 -> f32 and f64 -> f64 scaling (the averaging pass, and the unpack that folds it in): the same
+    // single multiply in the type's own precision as scaled_cast, written as plain loops that the
+    // compiler vectorizes. The generic loop below, with its per-element branch and possible aliasing,
+    // stays scalar: measured 55 ms vs 28 ms for 100M f32 elements at -O2.
+    typedef typename S::storage T;
+    const T s = static_cast<T>(scale);
+    if (src == dst) {
+      T* p = static_cast<T*>(dst);
+      for (size_t i = 0; i < n; ++i) p[i] *= s;
+      return;
+    }
+    const T* __restrict in = static_cast<const T*>(src);  // pack and unpack buffers never overlap
+    T* __restrict out = static_cast<T*>(dst);
+    for (size_t i = 0; i < n; ++i) out[i] = in[i] * s;
+    return;
+  }
   const typename S::storage* in = static_cast<const typename S::storage*>(src);
   typename D::storage* out = static_cast<typename D::storage*>(dst);
   const bool unit = scale == 1.0;
