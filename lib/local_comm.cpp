@@ -17,15 +17,18 @@ namespace {
 
 // One channel: a reusable barrier plus the buffers each rank posts for the collective in progress.
 // Every collective is: post, barrier, read the others, barrier. Ranks sum in rank order, so every
-// rank gets bitwise the same result.
+// rank gets bitwise the same result. A rank posts a copy in storage the channel owns, never its own
+// buffer: after an abort or a timeout a rank leaves while its peers may still be reading, and frees
+// its buffers; the copies live as long as any rank's communicator on the channel.
 struct Channel {
-  explicit Channel(int n) : posted(static_cast<size_t>(n), nullptr) {}
+  explicit Channel(int n) : posted(static_cast<size_t>(n), nullptr), data(static_cast<size_t>(n)) {}
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
   uint64_t generation = 0;
   bool aborted = false;
   std::vector<const void*> posted;
+  std::vector<std::vector<char>> data;  // per rank: what it posted (grown once, then reused)
 };
 
 }  // namespace
@@ -82,7 +85,7 @@ class LocalComm final : public Comm {
     if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
     const size_t bytes = n * dtype_size(d);
     if (scratch_.size() < bytes) scratch_.resize(bytes);
-    post(buf, dl);
+    post(buf, bytes, dl);
     if (d == Dtype::F32)
       sum<float>(scratch_.data(), n);
     else
@@ -96,7 +99,7 @@ class LocalComm final : public Comm {
   }
 
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
-    post(in, dl);
+    post(in, bytes, dl);
     for (int r = 0; r < size(); ++r)
       std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
     barrier(dl);
@@ -104,7 +107,7 @@ class LocalComm final : public Comm {
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
     if (root < 0 || root >= size()) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range", root);
-    post(buf, dl);
+    post(buf, rank_ == root ? bytes : 0, dl);
     if (rank_ != root) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
     barrier(dl);
   }
@@ -127,10 +130,16 @@ class LocalComm final : public Comm {
     }
   }
 
-  void post(const void* buf, Deadline dl) {
+  void post(const void* buf, size_t bytes, Deadline dl) {
     {
-      std::lock_guard<std::mutex> lock(channel_->mu);
-      channel_->posted[static_cast<size_t>(rank_)] = buf;
+      Channel& c = *channel_;
+      std::lock_guard<std::mutex> lock(c.mu);
+      // After an abort a peer may still be reading this rank's previous copy: leave it alone.
+      if (c.aborted) fail(DDP_ERR_ABORTED, "local comm: aborted");
+      std::vector<char>& mine = c.data[static_cast<size_t>(rank_)];
+      if (mine.size() < bytes) mine.resize(bytes);
+      if (bytes) std::memcpy(mine.data(), buf, bytes);
+      c.posted[static_cast<size_t>(rank_)] = mine.data();
     }
     barrier(dl);
   }
