@@ -23,18 +23,18 @@ export UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
 export LSAN_OPTIONS ?= suppressions=$(SAN_SUPP):print_suppressions=0
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 
-$(FUZZ_REPLAY): tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp $(REL_STATIC)
+$(FUZZ_REPLAY): tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp tests/faults/common.hpp $(REL_STATIC)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp \
 	  $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-$(THREADS_BIN): tests/faults/threads_local.cpp $(REL_STATIC)
+$(THREADS_BIN): tests/faults/threads_local.cpp tests/faults/common.hpp $(REL_STATIC)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $< $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-$(FAULTS_BIN): tests/faults/faults.cpp $(REL_SHARED)
+$(FAULTS_BIN): tests/faults/faults.cpp tests/faults/common.hpp $(REL_SHARED)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ \
@@ -85,12 +85,18 @@ SAN_MPIRUN ?= mpirun -x ASAN_OPTIONS=abort_on_error=1:detect_leaks=0
 TSAN_SUITES ?= unit threads fuzz
 SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer
 test-sanitize:
-	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined lib
-	$(Q)MPIRUN="$(SAN_MPIRUN)" BUILD=$(BUILD)/asan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined" \
-	  $(filter-out $(SAN_SKIP),$(SUITES))
-	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/asan/logs/*.log
-	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread lib
-	$(Q)BUILD=$(BUILD)/tsan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread" \
-	  $(filter $(TSAN_SUITES),$(SUITES))
-	$(Q)! grep -lE '$(SAN_REPORT)' $(BUILD)/tsan/logs/*.log
-	@echo "test-sanitize: no sanitizer reports"
+	$(Q)rc=0; \
+	echo "=== ASan+UBSan: $(filter-out $(SAN_SKIP),$(SUITES))"; \
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined lib || rc=1; \
+	MPIRUN="$(SAN_MPIRUN)" BUILD=$(BUILD)/asan tests/run_suites.sh \
+	  "$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined" \
+	  $(filter-out $(SAN_SKIP),$(SUITES)) || rc=1; \
+	if grep -lE '$(SAN_REPORT)' $(BUILD)/asan/logs/*.log; then echo "test-sanitize: ASan/UBSan reports above"; rc=1; fi; \
+	echo "=== TSan: $(filter $(TSAN_SUITES),$(SUITES))"; \
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread lib || rc=1; \
+	BUILD=$(BUILD)/tsan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread" \
+	  $(filter $(TSAN_SUITES),$(SUITES)) || rc=1; \
+	if grep -lE '$(SAN_REPORT)' $(BUILD)/tsan/logs/*.log; then echo "test-sanitize: TSan reports above"; rc=1; fi; \
+	if [ $$rc -eq 0 ]; then echo "test-sanitize: every suite passed, no sanitizer reports"; \
+	else echo "test-sanitize: FAILED (see above)"; fi; \
+	exit $$rc

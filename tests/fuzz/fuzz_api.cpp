@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "../faults/common.hpp"
 #include "ddp.h"
 
 namespace {
@@ -55,59 +56,11 @@ constexpr int kMaxGrads = 24;
 constexpr size_t kMaxNumel = 700;
 constexpr size_t kMaxCalls = 160;
 
-// ---- element storage (the harness's own conversions, independent of the library's) ---------
+// ---- element storage (the tests' own conversions, independent of the library's) ----------------
 
-double half_to_double(uint16_t h) {
-  int sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
-  double v;
-  if (exp == 0) v = std::ldexp(mant, -24);
-  else if (exp == 31) v = mant ? NAN : INFINITY;
-  else v = std::ldexp(mant | 1024, exp - 25);
-  return sign ? -v : v;
-}
-// Only ever given values exact in f16: small integers, quarters, NaN, Inf.
-uint16_t double_to_half(double v) {
-  if (std::isnan(v)) return 0x7e00;
-  uint16_t sign = std::signbit(v) ? 0x8000 : 0;
-  double a = std::fabs(v);
-  if (std::isinf(a)) return sign | 0x7c00;
-  if (a == 0) return sign;
-  int e;
-  double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int exp = e - 1 + 15;
-  if (exp <= 0) return sign | static_cast<uint16_t>(std::lround(std::ldexp(a, 24)));
-  int mant = static_cast<int>(std::lround((m * 2 - 1) * 1024));
-  return sign | static_cast<uint16_t>(exp << 10) | static_cast<uint16_t>(mant);
-}
-double bf16_to_double(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t double_to_bf16(double v) {  // exact values only (see above)
-  float f = static_cast<float>(v);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-size_t esize(int dt) { return dt == DDP_F64 ? 8 : dt == DDP_F32 ? 4 : 2; }
-double load(const void* p, size_t i, int dt) {
-  switch (dt) {
-    case DDP_F16: return half_to_double(static_cast<const uint16_t*>(p)[i]);
-    case DDP_BF16: return bf16_to_double(static_cast<const uint16_t*>(p)[i]);
-    case DDP_F32: return static_cast<const float*>(p)[i];
-    default: return static_cast<const double*>(p)[i];
-  }
-}
-void store(void* p, size_t i, int dt, double v) {
-  switch (dt) {
-    case DDP_F16: static_cast<uint16_t*>(p)[i] = double_to_half(v); break;
-    case DDP_BF16: static_cast<uint16_t*>(p)[i] = double_to_bf16(v); break;
-    case DDP_F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    default: static_cast<double*>(p)[i] = v; break;
-  }
-}
+size_t esize(int dt) { return faults::esize(static_cast<ddp_dtype_t>(dt)); }
+double load(const void* p, size_t i, int dt) { return faults::load(p, i, static_cast<ddp_dtype_t>(dt)); }
+void store(void* p, size_t i, int dt, double v) { faults::store(p, i, static_cast<ddp_dtype_t>(dt), v); }
 
 // ---- lockstep of the ranks -------------------------------------------------------------------
 
