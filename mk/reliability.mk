@@ -17,8 +17,9 @@ THREADS_BIN := $(BUILD)/tests/threads_local
 FAULTS_BIN  := $(BUILD)/tests/faults
 SAN_SUPP    := $(abspath tests/faults/lsan.supp)
 
-# Sanitizer reports must fail the run, not scroll by.
-export ASAN_OPTIONS ?= abort_on_error=1:detect_leaks=1
+# Sanitizer reports must fail the run, not scroll by. (protect_shadow_gap=0 lets ASan builds use the
+# CUDA runtime.)
+export ASAN_OPTIONS ?= abort_on_error=1:detect_leaks=1:protect_shadow_gap=0
 export UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
 export LSAN_OPTIONS ?= suppressions=$(SAN_SUPP):print_suppressions=0
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
@@ -81,7 +82,7 @@ SAN_SKIP ?= python rust julia timeline
 # Open MPI unloads its plugins at MPI_Finalize, so what they keep until exit shows up as leaks from
 # "<unknown module>" that no suppression can name: ranks under mpirun check memory errors and UB,
 # not leaks. Leaks are checked by every suite without MPI (fuzz, threads, unit).
-SAN_MPIRUN ?= mpirun -x ASAN_OPTIONS=abort_on_error=1:detect_leaks=0
+SAN_MPIRUN ?= mpirun -x ASAN_OPTIONS=abort_on_error=1:detect_leaks=0:protect_shadow_gap=0
 TSAN_SUITES ?= unit threads fuzz
 SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer
 test-sanitize:
