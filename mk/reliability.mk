@@ -1,6 +1,7 @@
 # Reliability: the API fuzzer, the fault tests under mpirun, the threaded local-group program and the
 # sanitizer runs.
 #   make fuzz FUZZ_SECONDS=60   libFuzzer (clang) over the API; new inputs go to $(FUZZ_BUILD)/corpus
+#   make fuzz-merge             adds the inputs with new coverage to tests/fuzz/corpus
 #   make test-sanitize          every suite under ASan+UBSan, the threaded suites under TSan
 # Suites added to `make test`: fuzz (replays tests/fuzz/corpus), threads (local group, threads marking
 # grads at once), faults (ranks that die, stall, disagree; NaN/Inf; unused grads; threads under MPI).
@@ -42,7 +43,7 @@ $(FAULTS_BIN): tests/faults/faults.cpp tests/faults/common.hpp $(REL_SHARED)
 	  -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(LDFLAGS_ALL) $(MPI_LIBS)
 
 SUITES += fuzz threads faults
-.PHONY: suite-fuzz suite-threads suite-faults fuzz fuzz-build test-sanitize
+.PHONY: suite-fuzz suite-threads suite-faults fuzz fuzz-build fuzz-merge test-sanitize
 
 suite-fuzz: $(FUZZ_REPLAY)
 	$(Q)timeout 600 $(FUZZ_REPLAY) tests/fuzz/corpus
@@ -73,6 +74,11 @@ fuzz: fuzz-build
 	@mkdir -p $(FUZZ_BUILD)/corpus
 	$(Q)nice -n 10 $(FUZZ_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=2048 \
 	  -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_ARGS) $(FUZZ_BUILD)/corpus tests/fuzz/corpus
+
+# Keeps what a fuzzing run found: adds to tests/fuzz/corpus the inputs that bring new coverage.
+fuzz-merge: fuzz-build
+	$(Q)nice -n 10 $(FUZZ_BUILD)/fuzz_api -merge=1 -timeout=30 -artifact_prefix=$(FUZZ_BUILD)/ \
+	  tests/fuzz/corpus $(FUZZ_BUILD)/corpus
 
 # Everything under ASan+UBSan in its own tree, then the threaded suites under TSan; a report anywhere
 # fails (the runtimes abort on the first one, and the logs are searched as well).
