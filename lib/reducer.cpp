@@ -9,11 +9,14 @@ namespace ddp {
 struct Reducer::BucketTask final : Task {
   Reducer* reducer = nullptr;
   int bucket = 0;
+  Phase phase = Phase::All;  // only a grouped GPU launch runs the phases one by one
   // A bucket's failure says which step and bucket it was: the first thing to know when a rank died
   // or stalled.
   void run() override {
     try {
-      reducer->run_bucket(bucket);
+      if (phase == Phase::All || phase == Phase::In) reducer->stage_in(bucket);
+      if (phase == Phase::All || phase == Phase::Collectives) reducer->collectives(bucket, phase == Phase::All);
+      if (phase == Phase::All || phase == Phase::Out) reducer->stage_out(bucket);
     } catch (const Error& e) {
       Reducer& r = *reducer;
       if (e.status() == DDP_ERR_TIMEOUT) r.keep_buffers_ = true;  // the collective may still be posted
@@ -34,7 +37,7 @@ struct Reducer::BucketRt {
   int size = 0;
   int ready = 0;
   char* base = nullptr;  // arena: the bucket's storage
-  uint64_t ready_ns = 0, launch_ns = 0;
+  uint64_t ready_ns = 0, launch_ns = 0, start_ns = 0;
 };
 
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
@@ -227,60 +230,119 @@ void Reducer::launch_all() {
 // issues the same collectives in the same order whatever order its grads arrive in.
 void Reducer::launch_ready_in_order() {
   const int nb = static_cast<int>(rt_.size());
-  while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) {
-    int b = next_++;
-    launch(b);
+  const int first = next_;
+  while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) ++next_;
+  // Buckets that become ready together go to NCCL as one group (ncclGroupStart/End): one launch of
+  // all their collectives. Host streams run each bucket whole on its worker instead.
+  if (next_ - first >= 2 && !env_.streams[0]->synchronous()) {
+    launch_grouped(first, next_);
+    return;
   }
+  for (int b = first; b < next_; ++b) launch(b);
+}
+
+Stream& Reducer::stream_of(int b) {
+  return *env_.streams[static_cast<size_t>(plan_.buckets[static_cast<size_t>(b)].stream)];
 }
 
 void Reducer::launch(int b) {
   BucketRt& r = *rt_[static_cast<size_t>(b)];
-  Stream& s = *env_.streams[static_cast<size_t>(plan_.buckets[static_cast<size_t>(b)].stream)];
+  Stream& s = stream_of(b);
   r.launch_ns = now_ns();
   env_.device->stream_wait_user(s, user_stream_);
   s.submit(&r.task);
 }
 
-void Reducer::run_bucket(int b) {
+// GPU streams run a task at once on this thread, where it only enqueues: so the phases of several
+// buckets can be interleaved: every pack, then every collective inside one group, then every unpack.
+// (Inside a group NCCL defers the collectives to the group's end, so an unpack enqueued before the end
+// would run before its collective.)
+void Reducer::launch_grouped(int first, int last) {
+  auto submit = [this](int b, Phase phase) {
+    BucketRt& r = *rt_[static_cast<size_t>(b)];
+    r.task.phase = phase;
+    stream_of(b).submit(&r.task);
+    r.task.phase = Phase::All;
+  };
+  for (int b = first; b < last; ++b) {
+    rt_[static_cast<size_t>(b)]->launch_ns = now_ns();
+    env_.device->stream_wait_user(stream_of(b), user_stream_);
+    submit(b, Phase::In);
+  }
+  Comm& c = *env_.comms[static_cast<size_t>(plan_.buckets[static_cast<size_t>(first)].stream)];
+  c.group_start();
+  try {
+    for (int b = first; b < last; ++b) submit(b, Phase::Collectives);
+  } catch (...) {
+    try {
+      c.group_end();
+    } catch (...) {
+    }
+    throw;
+  }
+  c.group_end();
+  for (int b = first; b < last; ++b) submit(b, Phase::Out);
+}
+
+// Packed path (copy layout, or 16-bit buckets the engine cannot sum): one pass in, casting and
+// pre-scaling. Arena path: zeros for unused grads, and the pre-scale in place if the engine cannot fuse it.
+void Reducer::stage_in(int b) {
   BucketRt& r = *rt_[static_cast<size_t>(b)];
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = *env_.streams[static_cast<size_t>(bk.stream)];
-  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  Stream& s = stream_of(b);
   Device& d = *env_.device;
-  const uint64_t t0 = now_ns();
-  const Deadline dl = Deadline::after_ms(env_.timeout_ms);
-  uint64_t bytes = 0;
-
+  r.start_ns = now_ns();
   if (!env_.arena || r.wire != bk.dtype) {
-    // Packed path: one pass in (cast and pre-scale), the collective, one pass out (post-scale, cast).
-    void* stg = staging_[static_cast<size_t>(bk.stream)];
-    const bool packed = !r.packed.segs.empty();
-    if (packed) d.pack(r.packed, bk.dtype, stg, r.wire, pre_, s);
+    if (!r.packed.segs.empty()) d.pack(r.packed, bk.dtype, staging_[static_cast<size_t>(bk.stream)], r.wire, pre_, s);
     for (Segment& seg : r.direct.segs) {
       if (seg.zero)
         d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
       else
         d.scale(seg.ptr, seg.numel, bk.dtype, pre_, s);
     }
-    const bool group = (packed ? 1u : 0u) + r.direct.segs.size() > 1;
-    if (group) c.group_start();
-    if (packed) c.allreduce(stg, r.packed_numel, r.wire, red_, s, dl);
-    for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.numel, bk.dtype, red_, s, dl);
-    if (group) c.group_end();
-    if (packed) d.unpack(stg, r.wire, r.packed, bk.dtype, post_, s);
+  } else {
+    for (Segment& seg : r.packed.segs)
+      if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
+    d.scale(r.base, bk.numel, bk.dtype, pre_, s);
+  }
+}
+
+// The bucket's collectives: the packed buffer and each in-place grad, as one group when several (and
+// `own_group`: a grouped launch already brackets them).
+void Reducer::collectives(int b, bool own_group) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  Stream& s = stream_of(b);
+  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+  if (env_.arena && r.wire == bk.dtype) {
+    c.allreduce(r.base, bk.numel, bk.dtype, red_, s, dl);
+    return;
+  }
+  const bool packed = !r.packed.segs.empty();
+  const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
+  if (group) c.group_start();
+  if (packed) c.allreduce(staging_[static_cast<size_t>(bk.stream)], r.packed_numel, r.wire, red_, s, dl);
+  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.numel, bk.dtype, red_, s, dl);
+  if (group) c.group_end();
+}
+
+// One pass out (post-scale, cast back), the optional finiteness scan, and the bucket's accounting.
+void Reducer::stage_out(int b) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  Stream& s = stream_of(b);
+  Device& d = *env_.device;
+  uint64_t bytes = 0;
+  if (!env_.arena || r.wire != bk.dtype) {
+    if (!r.packed.segs.empty()) d.unpack(staging_[static_cast<size_t>(bk.stream)], r.wire, r.packed, bk.dtype, post_, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
     bytes = r.packed_numel * dtype_size(r.wire);
     for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
   } else {
-    // Arena path: the bucket's storage is reduced where it lies; scaling in place only if unfused.
-    for (Segment& seg : r.packed.segs)
-      if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
-    d.scale(r.base, bk.numel, bk.dtype, pre_, s);
-    c.allreduce(r.base, bk.numel, bk.dtype, red_, s, dl);
     d.scale(r.base, bk.numel, bk.dtype, post_, s);
     bytes = bk.numel * dtype_size(bk.dtype);
   }
-
   if (env_.check_finite) {
     bool bad = false;
     for (const Segment& seg : r.packed.segs) bad = bad || d.has_nonfinite(seg.ptr, seg.numel, bk.dtype, s);
@@ -293,7 +355,7 @@ void Reducer::run_bucket(int b) {
   k.bytes_reduced.fetch_add(bytes, std::memory_order_relaxed);
   if (s.synchronous()) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
   if (env_.timeline)
-    env_.timeline->bucket(b, bk.stream, iteration_, r.ready_ns, r.launch_ns, t0, t1, r.size, bytes);
+    env_.timeline->bucket(b, bk.stream, iteration_, r.ready_ns, r.launch_ns, r.start_ns, t1, r.size, bytes);
 }
 
 void Reducer::finish(void* user_stream, Deadline dl) {

@@ -84,10 +84,16 @@ class Reducer {
  private:
   struct BucketTask;
   struct BucketRt;
+  enum class Phase { All, In, Collectives, Out };
   void build_runtime(const std::vector<void*>& ptrs);
+  Stream& stream_of(int b);
   void launch(int b);
+  void launch_grouped(int first, int last);
   void launch_ready_in_order();
-  void run_bucket(int b);
+  // A bucket's work in three phases: pack/pre-scale, the collectives, unpack/post-scale + accounting.
+  void stage_in(int b);
+  void collectives(int b, bool own_group);
+  void stage_out(int b);
   void set_zero(int g, bool zero);
 
   ReducerEnv env_;

@@ -1,0 +1,142 @@
+// The reducer drives GPU-style streams (tasks run at once on the caller and only enqueue) with a
+// recording device and communicator: buckets that become ready together are issued as every pack,
+// then every collective inside one group, then every unpack; single buckets are issued whole; and
+// buckets always leave in plan order.
+#include <doctest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "reducer.hpp"
+
+using namespace ddp;
+
+namespace {
+
+std::vector<std::string> g_log;
+
+class InlineStream final : public Stream {
+ public:
+  void reserve(size_t) override {}
+  void submit(Task* t) override { t->run(); }
+  void drain(Deadline) override {}
+  bool synchronous() const override { return false; }
+  void* native() override { return nullptr; }
+  void poll_error() override {}
+  void cancel() override {}
+};
+
+class RecordingDevice final : public Device {
+ public:
+  Memory memory() const override { return Memory::Device; }
+  void* alloc(size_t bytes) override { return std::calloc(1, bytes); }
+  void free(void* p) override { std::free(p); }
+  void copy(void*, const void*, size_t) override {}
+  std::unique_ptr<Stream> make_stream(int) override { return std::unique_ptr<Stream>(new InlineStream()); }
+  void stream_wait_user(Stream&, void*) override { g_log.push_back("wait"); }
+  void user_wait_stream(void*, Stream&) override {}
+  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
+  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
+  void scale(void*, size_t, Dtype, double s, Stream&) override {
+    if (s != 1.0) g_log.push_back("scale");
+  }
+  void fill_zero(void*, size_t, Dtype, Stream&) override { g_log.push_back("zero"); }
+  bool has_nonfinite(const void*, size_t, Dtype, Stream&) override { return false; }
+};
+
+class RecordingComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Memory memory() const override { return Memory::Device; }
+  const char* engine() const override { return "recording"; }
+  std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new RecordingComm()); }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
+  bool supports_wire(Dtype) const override { return true; }
+  bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
+  void allreduce(void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
+    g_log.push_back("ar" + std::to_string(n) + (red.op == RedOp::Avg ? "avg" : red.op == RedOp::PreMulSum ? "pre" : "sum"));
+  }
+  void broadcast(void*, size_t, int, void*, Deadline) override {}
+  void group_start() override { g_log.push_back("gs"); }
+  void group_end() override { g_log.push_back("ge"); }
+  void allgather_host(const void*, void*, size_t, Deadline) override {}
+  void broadcast_host(void*, size_t, int, Deadline) override {}
+};
+
+struct Rig {
+  RecordingComm comm;
+  RecordingDevice device;
+  std::vector<std::unique_ptr<Stream>> streams;
+  Counters counters;
+  std::vector<GradSpec> specs;
+  std::vector<std::vector<float>> bufs;
+  std::unique_ptr<Reducer> reducer;
+  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0) {
+    for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, Dtype::F32, 0});
+    bufs.assign(4, std::vector<float>(100));
+    ReducerEnv env;
+    env.device = &device;
+    for (int s = 0; s < num_streams; ++s) {
+      streams.push_back(device.make_stream(s));
+      env.streams.push_back(streams.back().get());
+      env.comms.push_back(&comm);
+    }
+    env.world = 2;
+    env.arena = arena;
+    env.predivide = predivide;
+    env.inplace_min_numel = inplace;
+    env.counters = &counters;
+    reducer.reset(new Reducer(env, specs));
+    std::vector<void*> ptrs;
+    for (auto& b : bufs) ptrs.push_back(arena ? nullptr : b.data());
+    reducer->adopt(registration_plan(specs, 100, num_streams), ptrs);  // one grad per bucket: 3,2,1,0
+    reducer->begin(nullptr, 0);
+    g_log.clear();
+  }
+};
+
+std::vector<std::string> L(std::initializer_list<const char*> l) { return std::vector<std::string>(l.begin(), l.end()); }
+
+}  // namespace
+
+TEST_CASE("GPU streams: buckets ready together are grouped; alone they are issued whole") {
+  Rig rig(false, 2);
+  // Grads 0, 1, 2 ready: buckets 1..3 are complete but wait for bucket 0 (grad 3): nothing is issued.
+  rig.reducer->mark_ready(0, true, 0);
+  rig.reducer->mark_ready(1, true, 0);
+  rig.reducer->mark_ready(2, true, 0);
+  CHECK(g_log.empty());
+  // Grad 3 completes bucket 0: all four leave together, as one group, in plan order.
+  rig.reducer->mark_ready(3, true, 0);
+  CHECK(g_log == L({"wait", "pack1", "wait", "pack1", "wait", "pack1", "wait", "pack1", "gs", "ar100avg", "ar100avg",
+                    "ar100avg", "ar100avg", "ge", "unpack1", "unpack1", "unpack1", "unpack1"}));
+  CHECK(rig.counters.buckets_reduced.load() == 4);
+  CHECK(rig.reducer->launched() == 4);
+
+  // Next iteration, in plan order: each bucket leaves alone, whole.
+  rig.reducer->begin(nullptr, 1);
+  g_log.clear();
+  rig.reducer->mark_ready(3, true, 0);
+  CHECK(g_log == L({"wait", "pack1", "ar100avg", "unpack1"}));
+}
+
+TEST_CASE("GPU streams: the arena reduces in place; unfused factors become in-place passes") {
+  Rig rig(true, 1, 0, 4.0);  // predivide 4: PreMulSum(1/4) fused, post factor 4/2 as a pass
+  rig.reducer->mark_ready(3, true, 0);
+  CHECK(g_log == L({"wait", "ar100pre", "scale"}));
+  g_log.clear();
+  rig.reducer->mark_ready(1, true, 0);
+  rig.reducer->mark_ready(2, true, 0);
+  CHECK(g_log == L({"wait", "wait", "gs", "ar100pre", "ar100pre", "ge", "scale", "scale"}));
+}
+
+TEST_CASE("GPU streams: in-place large grads join the bucket's group, never a nested one when grouped") {
+  Rig rig(false, 1, 50);  // every grad (100 elements) is reduced in place
+  rig.reducer->mark_ready(3, true, 0);
+  CHECK(g_log == L({"wait", "ar100avg"}));
+  g_log.clear();
+  rig.reducer->launch_rest();  // the rest leave together, unused grads as zeros
+  CHECK(g_log == L({"wait", "zero", "wait", "zero", "wait", "zero", "gs", "ar100avg", "ar100avg", "ar100avg", "ge"}));
+}
