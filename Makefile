@@ -52,12 +52,14 @@ NVCC ?= $(CUDA_HOME)/bin/nvcc
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g,-O2 -g)
 SAN := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-omit-frame-pointer,)
 WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter
-CXXFLAGS_ALL := -std=c++17 $(OPT) $(SAN) $(WARN) -fPIC -fvisibility=hidden -Iinclude -MMD -MP \
+CXXFLAGS_ALL := -std=c++17 $(OPT) $(SAN) $(WARN) -fPIC -fvisibility=hidden -Iinclude -Ilib -I. -MMD -MP \
                 -DDDP_HAVE_MPI=$(HAVE_MPI) -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(CXXFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 LIB_LDLIBS := -lpthread $(if $(filter 1,$(HAVE_MPI)),$(MPI_LIBS),)
 
-LIB_CXX_SRCS := $(filter-out lib/nccl_stub.cpp lib/nccl_comm.cpp lib/cuda_%.cpp,$(wildcard lib/*.cpp))
+# The library: the core, the host backends, MPI (or its stub); mk/cuda.mk adds the CUDA backend (or its stub).
+LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) lib/backends/host/host_device.cpp lib/backends/local/local_comm.cpp \
+                $(if $(filter 1,$(HAVE_MPI)),lib/backends/mpi/mpi_comm.cpp,lib/backends/stubs/mpi_stub.cpp)
 LIB_EXTRA_OBJS :=
 SUITES :=
 
@@ -65,7 +67,7 @@ SUITES :=
 include $(sort $(wildcard mk/*.mk))
 
 ifneq ($(CUDA_BACKEND),1)
-  LIB_CXX_SRCS += lib/nccl_stub.cpp
+  LIB_CXX_SRCS += lib/backends/stubs/nccl_stub.cpp
 endif
 LIB_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(LIB_CXX_SRCS)) $(LIB_EXTRA_OBJS)
 
@@ -81,7 +83,7 @@ lib: $(SHARED) $(STATIC) $(BUILD)/lib/libddp.so
 $(BUILD)/obj/%.o: %.cpp
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
-	$(Q)$(CXX) $(CXXFLAGS_ALL) $(if $(filter lib/mpi_comm.cpp,$<),$(MPI_CFLAGS),) -c $< -o $@
+	$(Q)$(CXX) $(CXXFLAGS_ALL) $(if $(filter lib/backends/mpi/%,$<),$(MPI_CFLAGS),) -c $< -o $@
 
 $(SHARED): $(LIB_OBJS) lib/libddp.map
 	$(call say,LINK,$@)
@@ -127,9 +129,9 @@ $(C99_BIN): tests/c99/c99_api.c include/ddp.h $(SHARED)
 	$(Q)$(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(SAN)
 
-SUITES += unit c99 exports mpi
+SUITES += unit c99 exports layers mpi
 
-.PHONY: suite-unit suite-c99 suite-exports suite-mpi
+.PHONY: suite-unit suite-c99 suite-exports suite-layers suite-mpi
 suite-unit: $(UNIT_BIN)
 	$(Q)$(UNIT_BIN) --no-version
 
@@ -138,6 +140,9 @@ suite-c99: $(C99_BIN)
 
 suite-exports: $(SHARED)
 	$(Q)tests/check_exports.sh $(SHARED)
+
+suite-layers:
+	$(Q)tests/check_layers.sh lib
 
 ifeq ($(HAVE_MPI),1)
 suite-mpi: $(MPI_TEST_BIN)

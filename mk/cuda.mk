@@ -1,5 +1,5 @@
 # The CUDA backend: the CUDA device, its kernels and the NCCL communicator. Built when HAVE_CUDA=1
-# (CUDA=auto finds nvcc under CUDA_HOME; CUDA=0 turns it off). Without it lib/nccl_stub.cpp answers
+# (CUDA=auto finds nvcc under CUDA_HOME; CUDA=0 turns it off). Without it lib/backends/stubs/nccl_stub.cpp answers
 # every NCCL entry point with DDP_ERR_UNSUPPORTED.
 NCCL_HOME ?= $(CUDA_HOME)
 CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
@@ -25,10 +25,10 @@ NVCCFLAGS_ALL := -std=c++17 $(if $(filter 1,$(DEBUG)),-O0 -g,-O3) $(CUDA_GENCODE
 KERNEL_SRCS := $(wildcard kernels/*.cu)
 KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(KERNEL_SRCS))
 LIB_EXTRA_OBJS += $(KERNEL_OBJS)
-LIB_CXX_SRCS += lib/cuda_device.cpp lib/nccl_comm.cpp
+LIB_CXX_SRCS += $(wildcard lib/backends/cuda/*.cpp)
 LIB_LDLIBS += $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudart -lnccl -ldl
 
-$(BUILD)/obj/lib/cuda_device.o $(BUILD)/obj/lib/nccl_comm.o: CXXFLAGS_ALL += $(CUDA_INC)
+$(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lib/backends/cuda/*.cpp)): CXXFLAGS_ALL += $(CUDA_INC)
 
 $(BUILD)/obj/kernels/%.o: kernels/%.cu
 	$(call say,NVCC,$<)

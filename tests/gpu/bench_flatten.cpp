@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "backend.hpp"
-#include "cuda_device.hpp"
+#include "core/backend.hpp"
+#include "backends/cuda/cuda_device.hpp"
 
 using namespace ddp;
 

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "../../kernels/elementwise.h"
+#include "kernels/elementwise.h"
 #include "ddp.h"
 
 namespace gt {

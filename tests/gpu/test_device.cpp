@@ -5,10 +5,10 @@
 
 #include <memory>
 
-#include "backend.hpp"
-#include "cuda_device.hpp"
+#include "core/backend.hpp"
+#include "backends/cuda/cuda_device.hpp"
 #include "gpu_test.hpp"
-#include "host_device.hpp"
+#include "backends/host/host_device.hpp"
 
 using namespace ddp;
 using gt::dsize;

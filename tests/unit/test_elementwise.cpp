@@ -6,9 +6,9 @@
 #include <cstring>
 #include <random>
 
-#include "../../kernels/elementwise.h"
+#include "kernels/elementwise.h"
 #include "../mpi/reference.hpp"
-#include "host_device.hpp"
+#include "backends/host/host_device.hpp"
 
 using namespace ddp;
 

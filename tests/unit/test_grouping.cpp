@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "reducer.hpp"
+#include "core/reducer.hpp"
 
 using namespace ddp;
 
@@ -50,7 +50,6 @@ class RecordingComm final : public Comm {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   Memory memory() const override { return Memory::Device; }
-  const char* engine() const override { return "recording"; }
   std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new RecordingComm()); }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
   bool supports_wire(Dtype) const override { return true; }

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "plan.hpp"
+#include "core/plan.hpp"
 
 using namespace ddp;
 

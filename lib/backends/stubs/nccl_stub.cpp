@@ -1,5 +1,5 @@
 // The NCCL entry points of a build without CUDA: each says why it cannot work.
-#include "nccl_comm.hpp"
+#include "core/comms.hpp"
 
 namespace ddp {
 
@@ -9,7 +9,6 @@ namespace ddp {
        "rebuild with CUDA=1 for device memory");
 }
 
-bool nccl_built() { return false; }
 void nccl_get_unique_id(ddp_nccl_id_t*) { no_cuda(); }
 std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t*, int, int, int) { no_cuda(); }
 std::unique_ptr<Comm> make_nccl_comm_mpi(const void*, int) { no_cuda(); }

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
-#include "plan.hpp"
-#include "reducer.hpp"
-#include "timeline.hpp"
+#include "core/backend.hpp"
+#include "core/plan.hpp"
+#include "core/reducer.hpp"
+#include "core/timeline.hpp"
 
 namespace ddp {
 

@@ -3,9 +3,9 @@
 
 #include <memory>
 
-#include "backend.hpp"
-#include "context.hpp"
-#include "local_comm.hpp"
+#include "core/backend.hpp"
+#include "core/context.hpp"
+#include "core/comms.hpp"
 
 struct ddp_comm {
   std::unique_ptr<ddp::Comm> impl;

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "common.hpp"
+#include "core/common.hpp"
 
 namespace ddp {
 
@@ -105,8 +105,6 @@ class Comm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Memory memory() const = 0;
-  // A human name of the engine ("mpi", "nccl", "local").
-  virtual const char* engine() const = 0;
   // A new communicator over the same ranks with its own channel. Collective.
   virtual std::unique_ptr<Comm> dup() = 0;
   // The device that owns this communicator's memory kind.

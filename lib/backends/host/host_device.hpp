@@ -3,7 +3,7 @@
 // the trainer's thread while backward goes on).
 #pragma once
 
-#include "backend.hpp"
+#include "core/backend.hpp"
 
 namespace ddp {
 

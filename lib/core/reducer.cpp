@@ -1,4 +1,4 @@
-#include "reducer.hpp"
+#include "core/reducer.hpp"
 
 #include <algorithm>
 #include <cstring>

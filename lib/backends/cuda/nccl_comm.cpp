@@ -1,7 +1,7 @@
 // The NCCL communicator: device memory, CUDA streams. Collectives are enqueued on the bucket stream
 // and complete asynchronously; their errors and stalls are found by the stream's polls
 // (ncclCommGetAsyncError against the collective's deadline) and surface at the next call.
-#include "nccl_comm.hpp"
+#include "core/comms.hpp"
 
 #include <dlfcn.h>
 #include <nccl.h>
@@ -11,9 +11,8 @@
 #include <mutex>
 #include <thread>
 
-#include "../kernels/elementwise.h"
-#include "cuda_device.hpp"
-#include "mpi_comm.hpp"
+#include "kernels/elementwise.h"
+#include "backends/cuda/cuda_device.hpp"
 
 namespace ddp {
 
@@ -107,7 +106,6 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Memory memory() const override { return Memory::Device; }
-  const char* engine() const override { return "nccl"; }
 
   std::unique_ptr<Comm> dup() override {
     live();
@@ -289,8 +287,6 @@ class NcclComm final : public Comm, public AsyncErrorSource {
 };
 
 }  // namespace
-
-bool nccl_built() { return true; }
 
 void nccl_get_unique_id(ddp_nccl_id_t* id) {
   require_cuda_device(-1);

@@ -1,7 +1,7 @@
-#include "context.hpp"
+#include "core/context.hpp"
 
 #include <algorithm>
-#include "handles.hpp"
+#include "core/handles.hpp"
 
 #include <cmath>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "common.hpp"
+#include "core/common.hpp"
 
 #include <cstdio>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "host_device.hpp"
+#include "backends/host/host_device.hpp"
 
 #include <condition_variable>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "../kernels/elementwise.h"
+#include "kernels/elementwise.h"
 
 namespace ddp {
 

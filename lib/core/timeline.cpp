@@ -1,8 +1,8 @@
-#include "timeline.hpp"
+#include "core/timeline.hpp"
 
 #include <cinttypes>
 
-#include "common.hpp"
+#include "core/common.hpp"
 
 namespace ddp {
 

@@ -17,7 +17,6 @@ class Timeline {
   // cannot be written.
   Timeline(const std::string& path, int rank);
   ~Timeline();
-  const std::string& path() const { return path_; }
 
   void grad_ready(int grad, uint64_t t_ns);
   void bucket(int bucket, int stream, uint64_t iteration, uint64_t ready_ns, uint64_t launch_ns,

@@ -7,7 +7,7 @@
 #include <exception>
 #include <vector>
 
-#include "backend.hpp"
+#include "core/backend.hpp"
 
 namespace ddp {
 
@@ -62,7 +62,6 @@ class CudaStream final : public Stream {
   void cancel() override { cancelled_ = true; }
 
   cudaStream_t stream() const { return stream_; }
-  int device() const { return device_; }
   // The user's stream -> this stream, and back (one event each, reused: recording again is safe
   // because waits capture the event's state when they are enqueued).
   cudaEvent_t in_event() const { return in_event_; }
@@ -101,7 +100,6 @@ class CudaDevice final : public Device {
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
   bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) override;
 
-  int device() const { return device_; }
   // Times the tables were uploaded to the device (tests check that steady state uploads nothing).
   uint64_t uploads() const { return uploads_; }
 

@@ -1,11 +1,11 @@
-#include "cuda_device.hpp"
+#include "backends/cuda/cuda_device.hpp"
 
 #include <sched.h>
 
 #include <cstring>
 #include <thread>
 
-#include "../kernels/multi_tensor.h"
+#include "kernels/multi_tensor.h"
 
 namespace ddp {
 

@@ -1,6 +1,6 @@
-#include "mpi_comm.hpp"
-
-#if DDP_HAVE_MPI
+// The MPI communicator: host memory, Open MPI as the engine. Every collective is issued nonblocking
+// and polled against its deadline, since an MPI collective cannot be cancelled.
+#include "core/comms.hpp"
 
 #include <mpi.h>
 #include <sched.h>
@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "host_device.hpp"
+#include "backends/host/host_device.hpp"
 
 namespace ddp {
 
@@ -112,7 +112,6 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Memory memory() const override { return Memory::Host; }
-  const char* engine() const override { return "mpi"; }
 
   std::unique_ptr<Comm> dup() override {
     MPI_Comm c;
@@ -209,8 +208,6 @@ class MpiComm final : public Comm {
 
 }  // namespace
 
-bool mpi_available() { return true; }
-
 std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm) {
   ensure_mpi();
   MPI_Comm base = mpi_comm ? *static_cast<const MPI_Comm*>(mpi_comm) : MPI_COMM_WORLD;
@@ -222,14 +219,3 @@ std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm) {
 }
 
 }  // namespace ddp
-
-#else  // !DDP_HAVE_MPI
-
-namespace ddp {
-bool mpi_available() { return false; }
-std::unique_ptr<Comm> make_mpi_comm(const void*) {
-  fail(DDP_ERR_UNSUPPORTED, "this libddp was built without MPI (MPI=0); rebuild with MPI=1");
-}
-}  // namespace ddp
-
-#endif

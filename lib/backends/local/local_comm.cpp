@@ -1,4 +1,4 @@
-#include "local_comm.hpp"
+#include "core/comms.hpp"
 
 #include <atomic>
 #include <condition_variable>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/elementwise.h"
-#include "host_device.hpp"
+#include "kernels/elementwise.h"
+#include "backends/host/host_device.hpp"
 
 namespace ddp {
 
@@ -72,7 +72,6 @@ class LocalComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   Memory memory() const override { return Memory::Host; }
-  const char* engine() const override { return "local"; }
   std::unique_ptr<Comm> dup() override {
     return std::unique_ptr<Comm>(new LocalComm(group_, rank_, key_ + "/" + std::to_string(++dups_)));
   }

@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
-#include "backend.hpp"
-#include "plan.hpp"
-#include "timeline.hpp"
+#include "core/backend.hpp"
+#include "core/plan.hpp"
+#include "core/timeline.hpp"
 
 namespace ddp {
 

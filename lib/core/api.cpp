@@ -1,14 +1,14 @@
-// The C ABI shell: argument checks, status codes, the per-thread last-error text. No exception
-// crosses this file: each entry point runs its body inside guard(), which turns any exception into a
-// status and a message.
+// The C ABI shell: argument checks, status codes, the per-thread last-error text, and the C handles
+// resolved into the objects behind them. No exception crosses this file: each entry point runs its
+// body inside guard(__func__, ...), which hands the body the entry point's name for its messages and
+// turns any exception into a status and a message.
 #include <cstring>
 #include <new>
 #include <string>
 
 #include "ddp.h"
-#include "handles.hpp"
-#include "mpi_comm.hpp"
-#include "nccl_comm.hpp"
+#include "core/handles.hpp"
+#include "core/comms.hpp"
 
 using namespace ddp;
 
@@ -24,7 +24,7 @@ ddp_status_t set_error(ddp_status_t status, const char* message) {
 template <class F>
 ddp_status_t guard(const char* fn, F&& body) {
   try {
-    body();
+    body(fn);
     return DDP_SUCCESS;
   } catch (const Error& e) {
     // Messages that do not name their call yet get the entry point's name in front.
@@ -84,24 +84,24 @@ int ddp_version(void) { return DDP_VERSION_CODE; }
 /* ---- communicators ---- */
 
 ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* out) {
-  return guard("ddp_comm_init_mpi", [&] {
-    need(out, "ddp_comm_init_mpi", "comm");
+  return guard(__func__, [&](const char* fn) {
+    need(out, fn, "comm");
     *out = wrap(make_mpi_comm(mpi_comm));
   });
 }
 
 ddp_status_t ddp_comm_init_self(ddp_comm_t* out) {
-  return guard("ddp_comm_init_self", [&] {
-    need(out, "ddp_comm_init_self", "comm");
+  return guard(__func__, [&](const char* fn) {
+    need(out, fn, "comm");
     *out = wrap(make_local_comm(make_local_group(1), 0));
   });
 }
 
 ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* out) {
-  return guard("ddp_local_group_create", [&] {
-    need(out, "ddp_local_group_create", "group");
+  return guard(__func__, [&](const char* fn) {
+    need(out, fn, "group");
     if (nranks < 1 || nranks > 4096)
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_local_group_create: nranks is %d, it must be in 1..4096", nranks);
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: nranks is %d, it must be in 1..4096", fn, nranks);
     ddp_local_group_t g = new ddp_local_group;
     g->impl = make_local_group(nranks);
     *out = g;
@@ -109,89 +109,89 @@ ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* out) {
 }
 
 ddp_status_t ddp_comm_init_local(ddp_local_group_t group, int rank, ddp_comm_t* out) {
-  return guard("ddp_comm_init_local", [&] {
-    need(group, "ddp_comm_init_local", "group");
-    need(out, "ddp_comm_init_local", "comm");
+  return guard(__func__, [&](const char* fn) {
+    need(group, fn, "group");
+    need(out, fn, "comm");
     int n = local_group_size(*group->impl);
     if (rank < 0 || rank >= n)
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_local: rank %d out of range 0..%d", rank, n - 1);
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: rank %d out of range 0..%d", fn, rank, n - 1);
     *out = wrap(make_local_comm(group->impl, rank));
   });
 }
 
 ddp_status_t ddp_local_group_destroy(ddp_local_group_t group) {
-  return guard("ddp_local_group_destroy", [&] { delete group; });
+  return guard(__func__, [&](const char*) { delete group; });
 }
 
 ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id) {
-  return guard("ddp_nccl_get_unique_id", [&] {
-    need(id, "ddp_nccl_get_unique_id", "id");
+  return guard(__func__, [&](const char* fn) {
+    need(id, fn, "id");
     nccl_get_unique_id(id);
   });
 }
 
 ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device, ddp_comm_t* out) {
-  return guard("ddp_comm_init_nccl", [&] {
-    need(id, "ddp_comm_init_nccl", "id");
-    need(out, "ddp_comm_init_nccl", "comm");
-    if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_nccl: nranks is %d", nranks);
+  return guard(__func__, [&](const char* fn) {
+    need(id, fn, "id");
+    need(out, fn, "comm");
+    if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "%s: nranks is %d", fn, nranks);
     if (rank < 0 || rank >= nranks)
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_nccl: rank %d out of range 0..%d", rank, nranks - 1);
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_nccl: cuda_device is %d", cuda_device);
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: rank %d out of range 0..%d", fn, rank, nranks - 1);
+    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "%s: cuda_device is %d", fn, cuda_device);
     *out = wrap(make_nccl_comm(id, nranks, rank, cuda_device));
   });
 }
 
 ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* out) {
-  return guard("ddp_comm_init_nccl_mpi", [&] {
-    need(out, "ddp_comm_init_nccl_mpi", "comm");
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_nccl_mpi: cuda_device is %d", cuda_device);
+  return guard(__func__, [&](const char* fn) {
+    need(out, fn, "comm");
+    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "%s: cuda_device is %d", fn, cuda_device);
     *out = wrap(make_nccl_comm_mpi(mpi_comm, cuda_device));
   });
 }
 
 ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* out) {
-  return guard("ddp_comm_wrap_nccl", [&] {
-    need(nccl_comm, "ddp_comm_wrap_nccl", "nccl_comm");
-    need(out, "ddp_comm_wrap_nccl", "comm");
+  return guard(__func__, [&](const char* fn) {
+    need(nccl_comm, fn, "nccl_comm");
+    need(out, fn, "comm");
     *out = wrap(wrap_nccl_comm(nccl_comm));
   });
 }
 
 ddp_status_t ddp_comm_rank(ddp_comm_t c, int* rank) {
-  return guard("ddp_comm_rank", [&] {
-    Comm& k = comm(c, "ddp_comm_rank");
-    need(rank, "ddp_comm_rank", "rank");
+  return guard(__func__, [&](const char* fn) {
+    Comm& k = comm(c, fn);
+    need(rank, fn, "rank");
     *rank = k.rank();
   });
 }
 
 ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
-  return guard("ddp_comm_size", [&] {
-    Comm& k = comm(c, "ddp_comm_size");
-    need(size, "ddp_comm_size", "size");
+  return guard(__func__, [&](const char* fn) {
+    Comm& k = comm(c, fn);
+    need(size, fn, "size");
     *size = k.size();
   });
 }
 
 ddp_status_t ddp_comm_destroy(ddp_comm_t c) {
-  return guard("ddp_comm_destroy", [&] { delete c; });
+  return guard(__func__, [&](const char*) { delete c; });
 }
 
 /* ---- config and context ---- */
 
 ddp_status_t ddp_config_init(ddp_config_t* config) {
-  return guard("ddp_config_init", [&] {
-    need(config, "ddp_config_init", "config");
+  return guard(__func__, [&](const char* fn) {
+    need(config, fn, "config");
     const ddp_config_t defaults = DDP_CONFIG_INITIALIZER;
     *config = defaults;
   });
 }
 
 ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
-  return guard("ddp_create", [&] {
-    Comm& k = comm(c, "ddp_create");
-    need(out, "ddp_create", "ddp");
+  return guard(__func__, [&](const char* fn) {
+    Comm& k = comm(c, fn);
+    need(out, fn, "ddp");
     Settings s = read_config(config, k.size(), k.memory());
     std::unique_ptr<ddp_context> h(new ddp_context);
     h->impl.reset(new Context(k, s));
@@ -200,93 +200,93 @@ ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
 }
 
 ddp_status_t ddp_register_grad(ddp_t d, void* grad, size_t numel, ddp_dtype_t dtype, unsigned flags, int* index) {
-  return guard("ddp_register_grad", [&] {
-    Context& c = ctx(d, "ddp_register_grad");
-    need(index, "ddp_register_grad", "index");
+  return guard(__func__, [&](const char* fn) {
+    Context& c = ctx(d, fn);
+    need(index, fn, "index");
     const int dt = enum_value(dtype);
     if (!dtype_valid(dt))
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_register_grad: dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", dt);
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", fn, dt);
     *index = c.register_grad(grad, numel, static_cast<Dtype>(dt), flags);
   });
 }
 
 ddp_status_t ddp_commit(ddp_t d) {
-  return guard("ddp_commit", [&] { ctx(d, "ddp_commit").commit(); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).commit(); });
 }
 
 ddp_status_t ddp_grad_ptr(ddp_t d, int index, void** grad) {
-  return guard("ddp_grad_ptr", [&] {
-    Context& c = ctx(d, "ddp_grad_ptr");
-    need(grad, "ddp_grad_ptr", "grad");
+  return guard(__func__, [&](const char* fn) {
+    Context& c = ctx(d, fn);
+    need(grad, fn, "grad");
     *grad = c.grad_ptr(index);
   });
 }
 
 ddp_status_t ddp_set_grad_ptr(ddp_t d, int index, void* grad) {
-  return guard("ddp_set_grad_ptr", [&] { ctx(d, "ddp_set_grad_ptr").set_grad_ptr(index, grad); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).set_grad_ptr(index, grad); });
 }
 
 ddp_status_t ddp_begin_backward(ddp_t d, void* stream) {
-  return guard("ddp_begin_backward", [&] { ctx(d, "ddp_begin_backward").begin_backward(stream); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).begin_backward(stream); });
 }
 
 ddp_status_t ddp_grad_ready(ddp_t d, int index) {
-  return guard("ddp_grad_ready", [&] { ctx(d, "ddp_grad_ready").grad_ready(index, nullptr); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).grad_ready(index, nullptr); });
 }
 
 ddp_status_t ddp_grad_ready_ptr(ddp_t d, int index, void* grad) {
-  return guard("ddp_grad_ready_ptr", [&] { ctx(d, "ddp_grad_ready_ptr").grad_ready(index, grad); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).grad_ready(index, grad); });
 }
 
 ddp_status_t ddp_finish_backward(ddp_t d, void* stream) {
-  return guard("ddp_finish_backward", [&] { ctx(d, "ddp_finish_backward").finish_backward(stream); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).finish_backward(stream); });
 }
 
 ddp_status_t ddp_set_sync(ddp_t d, int enabled) {
-  return guard("ddp_set_sync", [&] { ctx(d, "ddp_set_sync").set_sync(enabled != 0); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).set_sync(enabled != 0); });
 }
 
 ddp_status_t ddp_reduce_all(ddp_t d, void* stream) {
-  return guard("ddp_reduce_all", [&] { ctx(d, "ddp_reduce_all").reduce_all(stream); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).reduce_all(stream); });
 }
 
 ddp_status_t ddp_broadcast(ddp_t d, void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n,
                            int root, void* stream) {
-  return guard("ddp_broadcast", [&] { ctx(d, "ddp_broadcast").broadcast(buffers, counts, dtypes, n, root, stream); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).broadcast(buffers, counts, dtypes, n, root, stream); });
 }
 
 ddp_status_t ddp_synchronize(ddp_t d) {
-  return guard("ddp_synchronize", [&] { ctx(d, "ddp_synchronize").synchronize(); });
+  return guard(__func__, [&](const char* fn) { ctx(d, fn).synchronize(); });
 }
 
 ddp_status_t ddp_get_stats(ddp_t d, ddp_stats_t* stats) {
-  return guard("ddp_get_stats", [&] {
-    Context& c = ctx(d, "ddp_get_stats");
-    need(stats, "ddp_get_stats", "stats");
+  return guard(__func__, [&](const char* fn) {
+    Context& c = ctx(d, fn);
+    need(stats, fn, "stats");
     if (stats->size < offsetof(ddp_stats_t, iterations) + sizeof(uint64_t))
-      fail(DDP_ERR_INVALID_ARGUMENT, "ddp_get_stats: stats->size is %zu: set it to sizeof(ddp_stats_t)", stats->size);
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: stats->size is %zu: set it to sizeof(ddp_stats_t)", fn, stats->size);
     c.stats(stats);
   });
 }
 
 ddp_status_t ddp_get_plan(ddp_t d, int* num_buckets, int* learned) {
-  return guard("ddp_get_plan", [&] {
-    Context& c = ctx(d, "ddp_get_plan");
-    need(num_buckets, "ddp_get_plan", "num_buckets");
+  return guard(__func__, [&](const char* fn) {
+    Context& c = ctx(d, fn);
+    need(num_buckets, fn, "num_buckets");
     c.plan_info(num_buckets, learned);
   });
 }
 
 ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity) {
-  return guard("ddp_get_bucket", [&] {
-    Context& c = ctx(d, "ddp_get_bucket");
-    need(info, "ddp_get_bucket", "info");
+  return guard(__func__, [&](const char* fn) {
+    Context& c = ctx(d, fn);
+    need(info, fn, "info");
     c.bucket_info(bucket, info, grads, capacity);
   });
 }
 
 ddp_status_t ddp_destroy(ddp_t d) {
-  return guard("ddp_destroy", [&] { delete d; });
+  return guard(__func__, [&](const char*) { delete d; });
 }
 
 }  // extern "C"

@@ -1,4 +1,4 @@
-#include "plan.hpp"
+#include "core/plan.hpp"
 
 namespace ddp {
 

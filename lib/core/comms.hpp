@@ -1,0 +1,30 @@
+// The communicators the C shell can make. The core declares them; each backend defines its own
+// (lib/backends/*), and a build without MPI or CUDA links the stubs of lib/backends/stubs, which throw
+// DDP_ERR_UNSUPPORTED naming the cause. So the core never includes a backend header.
+#pragma once
+
+#include <memory>
+
+#include "core/backend.hpp"
+
+namespace ddp {
+
+// --- MPI (lib/backends/mpi): host memory ---
+// `mpi_comm` is an MPI_Comm* or nullptr for MPI_COMM_WORLD. Initializes MPI if needed.
+std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm);
+
+// --- in-process ranks (lib/backends/local): N threads of one process, host memory ---
+class LocalGroup;  // shared by the ranks; holds one channel per duplicate
+std::shared_ptr<LocalGroup> make_local_group(int nranks);
+int local_group_size(const LocalGroup& g);
+std::unique_ptr<Comm> make_local_comm(std::shared_ptr<LocalGroup> group, int rank);
+
+// --- NCCL (lib/backends/cuda): device memory ---
+void nccl_get_unique_id(ddp_nccl_id_t* id);
+std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device);
+// The id made on rank 0 of the MPI communicator (MPI_Comm*, nullptr for world) and broadcast over it.
+std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device);
+// Borrows a ncclComm_t; never destroys it.
+std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm);
+
+}  // namespace ddp
