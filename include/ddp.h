@@ -25,14 +25,23 @@
 #include <stdint.h>
 
 #define DDP_VERSION_MAJOR 0
-#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_MINOR 2
 #define DDP_VERSION_PATCH 0
 /* One integer that orders versions: 10000*major + 100*minor + patch. */
 #define DDP_VERSION_CODE (DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH)
 
+/* DDP_API marks the exported functions. The library's own build defines DDP_BUILDING_LIBRARY; a
+ * program that links the static library on Windows defines DDP_STATIC. Elsewhere every other symbol
+ * of the library is hidden (-fvisibility=hidden and a version script). */
 #if defined(_WIN32)
+#if defined(DDP_BUILDING_LIBRARY)
 #define DDP_API __declspec(dllexport)
-#elif defined(__GNUC__)
+#elif defined(DDP_STATIC)
+#define DDP_API
+#else
+#define DDP_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
 #define DDP_API __attribute__((visibility("default")))
 #else
 #define DDP_API
@@ -172,8 +181,20 @@ DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
 DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
 
 /* ------------------------------------------------------------------------------------------------
- * Configuration: a versioned struct, filled by DDP_CONFIG_INITIALIZER or ddp_config_init. Fields are
- * only ever appended; the library reads min(size, its own sizeof) bytes and checks the magic.
+ * Configuration: a versioned struct, filled by DDP_CONFIG_INITIALIZER or ddp_config_init.
+ *
+ * The ABI promise (for every release of the same major version):
+ * - Fields are only ever appended, never removed, reordered or retyped; `version` counts the appends.
+ * - `size` says which fields the caller has: the library reads the fields that lie wholly within
+ *   `size` bytes and gives every later field its default. So a program compiled against an older
+ *   header (a smaller struct) keeps working with a newer library, its new fields at their defaults.
+ * - A program compiled against a newer header (a larger struct) works with an older library too: the
+ *   fields that library does not know are ignored (compare ddp_version() with DDP_VERSION_CODE to
+ *   know what you run against).
+ * - The smallest struct accepted is the first version's (DDP_CONFIG_V1_SIZE bytes, through
+ *   inplace_min_numel); `magic` catches a struct that was never initialized.
+ * - ddp_config_init writes only `sizeof(ddp_config_t)` of the caller's own header: it never writes
+ *   past the caller's struct.
  * --------------------------------------------------------------------------------------------- */
 
 #define DDP_CONFIG_MAGIC 0xDD9C0F16u
@@ -219,16 +240,44 @@ typedef struct ddp_config {
   /* Copy layout only: an f32/f64 grad of at least this many elements is reduced in place as its own
    * collective instead of being packed. 0 (default) never does this. */
   size_t inplace_min_numel;
+  /* --- version 1 ends here (DDP_CONFIG_V1_SIZE); later fields are appended below --- */
 } ddp_config_t;
 
-#define DDP_CONFIG_INITIALIZER                                                                 \
-  {                                                                                            \
-    sizeof(ddp_config_t), DDP_CONFIG_MAGIC, DDP_CONFIG_VERSION, 10000000u, 0, DDP_LAYOUT_COPY, \
-        DDP_PLAN_LEARNED, 0, 1, 1.0, 1, NULL, 300000, DDP_UNUSED_ERROR, NULL, 0, 0             \
+/* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
+#define DDP_CONFIG_V1_SIZE (offsetof(ddp_config_t, inplace_min_numel) + sizeof(size_t))
+
+/* The defaults, field by field, in declaration order. */
+#define DDP_CONFIG_INITIALIZER                                                       \
+  {                                                                                  \
+    sizeof(ddp_config_t), /* size */                                                 \
+        DDP_CONFIG_MAGIC, /* magic */                                                \
+        DDP_CONFIG_VERSION, /* version */                                            \
+        10000000u,          /* message_size: 10M elements */                         \
+        0,                  /* delay_allreduce: off */                               \
+        DDP_LAYOUT_COPY,    /* layout */                                             \
+        DDP_PLAN_LEARNED,   /* plan_order */                                         \
+        0,                  /* allreduce_always_fp32: off */                         \
+        1,                  /* gradient_average: on */                               \
+        1.0,                /* gradient_predivide_factor */                          \
+        1,                  /* num_streams */                                        \
+        NULL,               /* stream_comms: the context duplicates its own comm */  \
+        300000,             /* timeout_ms: 5 minutes */                              \
+        DDP_UNUSED_ERROR,   /* unused_policy */                                      \
+        NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */     \
+        0,                  /* check_finite: off */                                  \
+        0                   /* inplace_min_numel: never */                           \
   }
 
-/* Fills *config with the defaults (the same as DDP_CONFIG_INITIALIZER). */
+/* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
+ * sets config->size to `size`: every field that lies wholly within `size` bytes is written, nothing
+ * past it. `size` must be at least DDP_CONFIG_V1_SIZE. Use it through ddp_config_init. */
+DDP_API ddp_status_t ddp_config_init_sized(ddp_config_t* config, size_t size);
+
+/* Fills *config with the defaults. A macro over ddp_config_init_sized with the caller's own
+ * sizeof(ddp_config_t), so it never writes past the caller's struct. (The function of this name,
+ * which programs built against version 0.1 headers call, writes the first version's fields only.) */
 DDP_API ddp_status_t ddp_config_init(ddp_config_t* config);
+#define ddp_config_init(config) ddp_config_init_sized((config), sizeof(ddp_config_t))
 
 /* ------------------------------------------------------------------------------------------------
  * The context
@@ -310,8 +359,10 @@ DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t
 /* Waits on the host until all work the library enqueued has finished. */
 DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
 
-/* Counters since creation. A versioned struct: set `size` to sizeof(ddp_stats_t) first; the library
- * writes min(size, its own sizeof) bytes. */
+/* Counters since creation. A versioned struct, like ddp_config_t: set `size` to sizeof(ddp_stats_t)
+ * first; the library writes the fields that lie wholly within `size`
+ * bytes and nothing past them, and leaves `size` as it was. Fields are only ever appended. The smallest
+ * accepted size holds `iterations`. */
 typedef struct ddp_stats {
   size_t size;
   uint64_t iterations;        /* synced backward passes finished (and ddp_reduce_all calls) */
@@ -330,8 +381,10 @@ typedef struct ddp_stats {
 
 DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);
 
-/* One bucket of the current plan. */
+/* One bucket of the current plan. A versioned struct, like ddp_stats_t: set `size` to
+ * sizeof(ddp_bucket_info_t) first; the library writes the fields within `size` bytes. */
 typedef struct ddp_bucket_info {
+  size_t size;        /* sizeof(ddp_bucket_info_t) as compiled by the caller */
   ddp_dtype_t dtype;  /* the grads' type */
   ddp_dtype_t wire;   /* the type the collective sums in */
   size_t numel;       /* elements in the bucket */
@@ -343,8 +396,8 @@ typedef struct ddp_bucket_info {
  * was learned from a backward pass, 0 for the registration plan (may be NULL). */
 DDP_API ddp_status_t ddp_get_plan(ddp_t ddp, int* num_buckets, int* learned);
 
-/* Bucket `bucket` of the current plan, and up to `capacity` of its grad indices, in bucket order,
- * into `grads` (may be NULL with capacity 0). */
+/* Bucket `bucket` of the current plan into *info (whose `size` the caller set), and up to `capacity`
+ * of its grad indices, in bucket order, into `grads` (may be NULL with capacity 0). */
 DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* info, int* grads,
                                     size_t capacity);
 

@@ -50,6 +50,23 @@ Context& ctx(ddp_t d, const char* fn) {
   return *d->impl;
 }
 
+// config.stream_comms: num_streams C handles, each over the same ranks and memory as `base`.
+void resolve_stream_comms(Settings& s, const Comm& base) {
+  const ddp_comm_t* handles = s.c.stream_comms;
+  s.c.stream_comms = nullptr;  // the caller's array is borrowed for this call only
+  if (!handles) return;
+  auto kind = [](Memory m) { return m == Memory::Host ? "host" : "device"; };
+  for (int i = 0; i < s.c.num_streams; ++i) {
+    if (!handles[i]) fail(DDP_ERR_INVALID_ARGUMENT, "config.stream_comms[%d] is NULL", i);
+    Comm* sc = handles[i]->impl.get();
+    if (sc->size() != base.size() || sc->memory() != base.memory())
+      fail(DDP_ERR_INVALID_ARGUMENT,
+           "config.stream_comms[%d] spans %d ranks of %s memory; the context's comm spans %d ranks of %s memory", i,
+           sc->size(), kind(sc->memory()), base.size(), kind(base.memory()));
+    s.stream_comms.push_back(sc);
+  }
+}
+
 Comm& comm(ddp_comm_t c, const char* fn) {
   if (!c) fail(DDP_ERR_INVALID_ARGUMENT, "%s: the ddp_comm_t handle is NULL", fn);
   return *c->impl;
@@ -180,11 +197,20 @@ ddp_status_t ddp_comm_destroy(ddp_comm_t c) {
 
 /* ---- config and context ---- */
 
+ddp_status_t ddp_config_init_sized(ddp_config_t* config, size_t size) {
+  return guard(__func__, [&](const char* fn) {
+    need(config, fn, "config");
+    config_defaults(config, size);
+  });
+}
+
+// The exported name that programs built against version 0.1 headers call: their struct is the first
+// version's, so that is all it writes. (The header's ddp_config_init is a macro over the sized call.)
+#undef ddp_config_init
 ddp_status_t ddp_config_init(ddp_config_t* config) {
   return guard(__func__, [&](const char* fn) {
     need(config, fn, "config");
-    const ddp_config_t defaults = DDP_CONFIG_INITIALIZER;
-    *config = defaults;
+    config_defaults(config, DDP_CONFIG_V1_SIZE);
   });
 }
 
@@ -192,7 +218,8 @@ ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
   return guard(__func__, [&](const char* fn) {
     Comm& k = comm(c, fn);
     need(out, fn, "ddp");
-    Settings s = read_config(config, k.size(), k.memory());
+    Settings s = read_config(config);
+    resolve_stream_comms(s, k);
     std::unique_ptr<ddp_context> h(new ddp_context);
     h->impl.reset(new Context(k, s));
     *out = h.release();
@@ -281,7 +308,11 @@ ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* g
   return guard(__func__, [&](const char* fn) {
     Context& c = ctx(d, fn);
     need(info, fn, "info");
-    c.bucket_info(bucket, info, grads, capacity);
+    if (info->size < offsetof(ddp_bucket_info_t, dtype) + sizeof(ddp_dtype_t))
+      fail(DDP_ERR_INVALID_ARGUMENT, "%s: info->size is %zu: set it to sizeof(ddp_bucket_info_t)", fn, info->size);
+    ddp_bucket_info_t full;
+    c.bucket_info(bucket, &full, grads, capacity);
+    copy_sized(info, &full, info->size, sizeof full);
   });
 }
 

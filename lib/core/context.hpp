@@ -13,34 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "core/agreement.hpp"
 #include "core/backend.hpp"
+#include "core/config.hpp"
 #include "core/plan.hpp"
 #include "core/reducer.hpp"
 #include "core/timeline.hpp"
 
 namespace ddp {
-
-// The config after validation, with its own copies of everything borrowed only for the call.
-struct Settings {
-  size_t message_size = 10000000;
-  bool delay_allreduce = false;
-  bool arena = false;
-  bool learned = true;
-  bool always_fp32 = false;
-  bool average = true;
-  double predivide = 1.0;
-  int num_streams = 1;
-  std::vector<Comm*> stream_comms;  // borrowed, or empty
-  int64_t timeout_ms = 300000;
-  bool unused_zero = false;
-  std::string timeline_path;
-  bool check_finite = false;
-  size_t inplace_min_numel = 0;
-};
-
-// Reads a caller's ddp_config_t (any size >= the first version's) and validates every field.
-// `comm_size`/`memory` are the context's communicator's, to check stream_comms against.
-Settings read_config(const ddp_config_t* config, int comm_size, Memory memory);
 
 class Context {
  public:
@@ -66,12 +46,11 @@ class Context {
  private:
   enum class State { Open, Idle, InBackward };
   void check_alive() const;
+  // When a collective started now must have completed.
+  Deadline deadline() const { return Deadline::after_ms(cfg_.c.timeout_ms); }
   void commit_locked();
-  // Collective: config fields (at creation) or the registration (at commit) agree on every rank.
-  void check_agreement(bool registration);
   void check_index(int index, const char* fn) const;
   void learn_plan();
-  std::string unused_report(const std::vector<int>& unused);
   void wait_buckets(void* stream);
   // Runs `fn`; a fatal error (timeout, failed collective) aborts the context before it propagates.
   template <class F>
@@ -106,11 +85,7 @@ class Context {
   uint64_t begin_ns_ = 0;
   void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
-  struct UnusedInfo {
-    int32_t count;
-    int32_t first[6];
-  };
-  std::vector<UnusedInfo> unused_all_;
+  UnusedReport unused_report_;
 };
 
 }  // namespace ddp

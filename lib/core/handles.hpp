@@ -18,7 +18,3 @@ struct ddp_local_group {
 struct ddp_context {
   std::unique_ptr<ddp::Context> impl;
 };
-
-namespace ddp {
-inline Comm* comm_of(ddp_comm_t c) { return c->impl.get(); }
-}  // namespace ddp

@@ -343,6 +343,7 @@ void run_nonfinite() {
         bad_bucket.assign(static_cast<size_t>(nb), 0);
         for (int b = 0; b < nb; ++b) {
           ddp_bucket_info_t info;
+          info.size = sizeof info;
           std::vector<int> members(x.grads.size());
           ddp_get_bucket(x.d, b, &info, members.data(), members.size());
           for (int j = 0; j < info.num_grads; ++j)

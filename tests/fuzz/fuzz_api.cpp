@@ -309,6 +309,7 @@ void Rank::check_plan(size_t k) {
   std::vector<int> members(grads_.size() + 1);
   for (int b = 0; b < nb; ++b) {
     ddp_bucket_info_t info;
+    info.size = sizeof info;
     if (ddp_get_bucket(d_, b, &info, members.data(), members.size()) != DDP_SUCCESS)
       finding(rank_, k, "ddp_get_bucket failed for a bucket in range");
     if (info.num_grads < 1 || static_cast<size_t>(info.num_grads) > grads_.size())
@@ -328,6 +329,7 @@ void Rank::check_plan(size_t k) {
   for (size_t g = 0; g < grads_.size(); ++g)
     if (!seen[g]) finding(rank_, k, "a grad is in no bucket");
   ddp_bucket_info_t info;
+  info.size = sizeof info;
   if (ddp_get_bucket(d_, nb, &info, nullptr, 0) != DDP_ERR_INVALID_ARGUMENT)
     finding(rank_, k, "ddp_get_bucket accepted a bucket out of range");
 }

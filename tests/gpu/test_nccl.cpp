@@ -141,6 +141,7 @@ GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dt
           DDP_OK(ddp_get_plan(ddp, &nb, nullptr));
           for (int b = 0; b < nb; ++b) {
             ddp_bucket_info_t info;
+            info.size = sizeof info;
             DDP_OK(ddp_get_bucket(ddp, b, &info, nullptr, 0));
             const bool is16 = info.dtype == DDP_F16 || info.dtype == DDP_BF16;
             CHECK(info.wire == (is16 && fp32 ? DDP_F32 : info.dtype));

@@ -202,6 +202,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
   std::vector<int> members(static_cast<size_t>(ngrads));
   for (int b = 0; b < nb; ++b) {
     ddp_bucket_info_t info;
+    info.size = sizeof info;
     EXPECT_OK(ddp_get_bucket(d, b, &info, members.data(), members.size()));
     for (int k = 0; k < info.num_grads; ++k) h = ref::mix(h ^ static_cast<uint64_t>(members[static_cast<size_t>(k)]));
     h = ref::mix(h ^ info.numel ^ (static_cast<uint64_t>(info.stream) << 40));

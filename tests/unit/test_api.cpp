@@ -212,6 +212,7 @@ TEST_CASE("call order: ready outside backward, twice, out of range; nested begin
   CHECK_STATUS(ddp_get_plan(o.ddp, &nb, &learned), DDP_SUCCESS, kNone);
   CHECK(learned == 1);
   ddp_bucket_info_t info;
+  info.size = sizeof info;
   CHECK_STATUS(ddp_get_bucket(o.ddp, nb, &info, nullptr, 0), DDP_ERR_INVALID_ARGUMENT, "out of range");
   CHECK_STATUS(ddp_get_bucket(o.ddp, 0, &info, nullptr, 3), DDP_ERR_INVALID_ARGUMENT, "grads is NULL");
   ddp_stats_t s;

@@ -1,0 +1,140 @@
+#include "core/agreement.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddp {
+
+namespace {
+
+struct ConfigSummary {
+  AgreedFields fields;
+  int32_t device_memory;  // 1: device memory (NCCL), 0: host memory
+  int32_t pad;
+};
+
+struct RegSummary {
+  uint64_t hash;
+  int64_t num_grads;
+};
+
+struct RegEntry {
+  uint64_t numel;
+  uint32_t dtype, flags;
+};
+
+// A rank's first grad that differs from rank 0's list (index -1: none) and its own grad count.
+struct FirstDiff {
+  int64_t index;
+  RegEntry entry;
+  int64_t count;
+};
+
+uint64_t registration_hash(const std::vector<GradSpec>& specs) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (numel, dtype | flags << 8) of every grad
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const GradSpec& s : specs) {
+    mix(s.numel);
+    mix(static_cast<uint64_t>(s.dtype) | (static_cast<uint64_t>(s.flags) << 8));
+  }
+  return h;
+}
+
+RegEntry entry_of(const GradSpec& s) { return RegEntry{s.numel, static_cast<uint32_t>(s.dtype), s.flags}; }
+
+bool same_entry(const RegEntry& a, const RegEntry& b) {
+  return a.numel == b.numel && a.dtype == b.dtype && a.flags == b.flags;
+}
+
+FirstDiff compare_with(const std::vector<RegEntry>& ref, const std::vector<GradSpec>& specs) {
+  FirstDiff d{-1, RegEntry{0, 0, 0}, static_cast<int64_t>(specs.size())};
+  const size_t common = std::min(ref.size(), specs.size());
+  for (size_t i = 0; i < common; ++i) {
+    RegEntry e = entry_of(specs[i]);
+    if (!same_entry(e, ref[i])) return FirstDiff{static_cast<int64_t>(i), e, d.count};
+  }
+  if (specs.size() != ref.size()) d.index = static_cast<int64_t>(common);
+  return d;
+}
+
+// Names the earliest difference of any rank, identically on every rank.
+[[noreturn]] void report_difference(const std::vector<RegEntry>& ref, const std::vector<FirstDiff>& diffs) {
+  int worst = -1;
+  for (size_t r = 1; r < diffs.size(); ++r)
+    if (diffs[r].index >= 0 && (worst < 0 || diffs[r].index < diffs[static_cast<size_t>(worst)].index))
+      worst = static_cast<int>(r);
+  if (worst < 0) fail(DDP_ERR_MISMATCH, "ranks registered different grads (their signatures differ)");
+  const FirstDiff& d = diffs[static_cast<size_t>(worst)];
+  const size_t i = static_cast<size_t>(d.index), n0 = ref.size();
+  if (i >= n0 || i >= static_cast<size_t>(d.count))
+    fail(DDP_ERR_MISMATCH,
+         "ranks registered different grads: rank %d registered %lld grads but rank 0 registered %zu (the first "
+         "%zu agree)",
+         worst, static_cast<long long>(d.count), n0, std::min(n0, static_cast<size_t>(d.count)));
+  fail(DDP_ERR_MISMATCH,
+       "ranks registered different grads: grad %zu is %s[%llu] (flags 0x%x) on rank 0 but %s[%llu] (flags 0x%x) "
+       "on rank %d",
+       i, dtype_name(static_cast<Dtype>(ref[i].dtype)), static_cast<unsigned long long>(ref[i].numel), ref[i].flags,
+       dtype_name(static_cast<Dtype>(d.entry.dtype)), static_cast<unsigned long long>(d.entry.numel), d.entry.flags,
+       worst);
+}
+
+}  // namespace
+
+void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
+  ConfigSummary me;
+  std::memset(&me, 0, sizeof me);
+  me.fields = agreed_fields(cfg.c);
+  me.device_memory = ctrl.memory() == Memory::Device ? 1 : 0;
+  std::vector<ConfigSummary> all(static_cast<size_t>(ctrl.size()));
+  ctrl.allgather_host(&me, all.data(), sizeof me, dl);
+  for (size_t r = 1; r < all.size(); ++r) {
+    std::string diff = first_difference(all[0].fields, 0, all[r].fields, static_cast<int>(r));
+    if (!diff.empty()) fail(DDP_ERR_MISMATCH, "ranks disagree on the config: %s", diff.c_str());
+    if (all[r].device_memory != all[0].device_memory)
+      fail(DDP_ERR_MISMATCH, "ranks disagree on the memory kind: rank 0 has %s memory but rank %zu has %s memory",
+           all[0].device_memory ? "device" : "host", r, all[r].device_memory ? "device" : "host");
+  }
+}
+
+void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, Deadline dl) {
+  const RegSummary me{registration_hash(specs), static_cast<int64_t>(specs.size())};
+  std::vector<RegSummary> all(static_cast<size_t>(ctrl.size()));
+  ctrl.allgather_host(&me, all.data(), sizeof me, dl);
+  bool same = true;
+  for (const RegSummary& s : all) same = same && s.hash == all[0].hash && s.num_grads == all[0].num_grads;
+  if (same) return;
+  // Every rank compares itself with rank 0's list, then all learn every rank's first difference.
+  std::vector<RegEntry> ref(static_cast<size_t>(all[0].num_grads));
+  if (ctrl.rank() == 0)
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = entry_of(specs[i]);
+  if (!ref.empty()) ctrl.broadcast_host(ref.data(), ref.size() * sizeof(RegEntry), 0, dl);
+  const FirstDiff mine = compare_with(ref, specs);
+  std::vector<FirstDiff> diffs(all.size());
+  ctrl.allgather_host(&mine, diffs.data(), sizeof mine, dl);
+  report_difference(ref, diffs);
+}
+
+std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl) {
+  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}};
+  for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
+  all_.resize(static_cast<size_t>(ctrl.size()));
+  ctrl.allgather_host(&me, all_.data(), sizeof me, dl);
+  std::string text;
+  for (size_t r = 0; r < all_.size(); ++r) {
+    const Info& in = all_[r];
+    if (in.count == 0) continue;
+    text += text.empty() ? "" : "; ";
+    text += format("rank %zu: grad%s", r, in.count > 1 ? "s" : "");
+    for (int i = 0; i < in.count && i < 6; ++i) text += format("%s %d", i ? "," : "", in.first[i]);
+    if (in.count > 6) text += format(" and %d more", in.count - 6);
+  }
+  return text;
+}
+
+}  // namespace ddp

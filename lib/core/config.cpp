@@ -1,0 +1,202 @@
+// The one table of ddp_config_t's fields. Each row gives a field's kind, its valid range, whether
+// ranks must agree on it, and the hint of its error message; the defaults are the header's
+// DDP_CONFIG_INITIALIZER. From the table come the reader of a caller's struct of any version, the
+// defaults written into one, and the cross-rank summary with its mismatch names. Appending a field to
+// ddp_config_t means appending one row here (a static_assert below fails until it is there).
+#include "core/config.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace ddp {
+
+namespace {
+
+enum class Kind {
+  Count,    // size_t in [lo, hi]
+  Flag,     // int, any value: zero is off
+  Choice,   // int in [lo, hi] (an enum)
+  Int,      // int in [lo, hi]
+  Millis,   // int64_t in [lo, hi]
+  Factor,   // double, finite and > 0
+  Handles,  // const ddp_comm_t*: checked and resolved by the C shell
+  Text,     // const char*: copied
+};
+
+struct Field {
+  const char* name;
+  Kind kind;
+  size_t offset, bytes;
+  double lo, hi;
+  bool agree;        // ranks must agree (checked at ddp_create)
+  const char* hint;  // what the error message asks for
+};
+
+constexpr double kMaxCount = 9007199254740992.0;  // 2^53: every count a double holds exactly
+
+// X(field, kind, lo, hi, agree, hint), in declaration order.
+#define DDP_CONFIG_FIELDS(X)                                                                          \
+  X(message_size, Count, 1, kMaxCount, true, "it must be at least 1 element")                          \
+  X(delay_allreduce, Flag, 0, 0, true, "")                                                             \
+  X(layout, Choice, 0, 1, true, "use DDP_LAYOUT_COPY (0) or DDP_LAYOUT_ARENA (1)")                     \
+  X(plan_order, Choice, 0, 1, true, "use DDP_PLAN_LEARNED (0) or DDP_PLAN_REGISTRATION (1)")           \
+  X(allreduce_always_fp32, Flag, 0, 0, true, "")                                                       \
+  X(gradient_average, Flag, 0, 0, true, "")                                                            \
+  X(gradient_predivide_factor, Factor, 0, 0, true, "it must be finite and > 0")                        \
+  X(num_streams, Int, 1, 64, true, "it must be in 1..64")                                              \
+  X(stream_comms, Handles, 0, 0, false, "")                                                            \
+  X(timeout_ms, Millis, 0, 9.2e18, false, "use 0 to wait forever")                                     \
+  X(unused_policy, Choice, 0, 1, true, "use DDP_UNUSED_ERROR (0) or DDP_UNUSED_ZERO (1)")              \
+  X(timeline_path, Text, 0, 0, false, "")                                                              \
+  X(check_finite, Flag, 0, 0, false, "")                                                               \
+  X(inplace_min_numel, Count, 0, kMaxCount, true, "")
+
+#define DDP_CONFIG_ROW_(f, kind, lo, hi, agree, hint) \
+  {#f, Kind::kind, offsetof(ddp_config_t, f), sizeof(ddp_config_t::f), lo, hi, agree, hint},
+constexpr Field kFields[] = {DDP_CONFIG_FIELDS(DDP_CONFIG_ROW_)};
+#undef DDP_CONFIG_ROW_
+constexpr size_t kNumFields = sizeof kFields / sizeof kFields[0];
+
+// The table covers the struct: rows in order, each where the previous one ends (up to alignment),
+// the last one at the struct's end (up to tail padding).
+constexpr bool table_covers_struct() {
+  size_t end = offsetof(ddp_config_t, version) + sizeof(uint32_t);
+  for (const Field& f : kFields) {
+    if (f.offset < end || f.offset - end >= f.bytes) return false;
+    end = f.offset + f.bytes;
+  }
+  return sizeof(ddp_config_t) - end < alignof(ddp_config_t);
+}
+static_assert(table_covers_struct(), "every field of ddp_config_t needs its row in DDP_CONFIG_FIELDS");
+
+constexpr int count_agreed() {
+  int n = 0;
+  for (const Field& f : kFields) n += f.agree ? 1 : 0;
+  return n;
+}
+static_assert(count_agreed() <= kMaxAgreedFields, "raise kMaxAgreedFields");
+
+bool within(const Field& f, size_t size) { return f.offset + f.bytes <= size; }
+
+const ddp_config_t& defaults() {
+  static const ddp_config_t d = DDP_CONFIG_INITIALIZER;
+  return d;
+}
+
+// A field's value as a double (integers up to 2^53 exactly), for range checks and messages.
+double number(const Field& f, const ddp_config_t& c) {
+  const char* p = reinterpret_cast<const char*>(&c) + f.offset;
+  switch (f.kind) {
+    case Kind::Count: return double(*reinterpret_cast<const size_t*>(p));
+    case Kind::Flag:
+    case Kind::Choice:
+    case Kind::Int: return double(*reinterpret_cast<const int*>(p));
+    case Kind::Millis: return double(*reinterpret_cast<const int64_t*>(p));
+    case Kind::Factor: return *reinterpret_cast<const double*>(p);
+    case Kind::Handles:
+    case Kind::Text: break;
+  }
+  return 0.0;
+}
+
+void check_field(const Field& f, const ddp_config_t& c) {
+  const double v = number(f, c);
+  bool ok = true;
+  switch (f.kind) {
+    case Kind::Count:
+    case Kind::Choice:
+    case Kind::Int:
+    case Kind::Millis: ok = v >= f.lo && v <= f.hi; break;
+    case Kind::Factor: ok = std::isfinite(v) && v > 0.0; break;
+    case Kind::Flag:
+    case Kind::Handles:
+    case Kind::Text: break;
+  }
+  if (!ok) fail(DDP_ERR_INVALID_ARGUMENT, "config.%s is %.17g: %s", f.name, v, f.hint);
+}
+
+void check_header(const ddp_config_t& c) {
+  const char* init = "initialize the config with DDP_CONFIG_INITIALIZER or ddp_config_init";
+  if (c.size < DDP_CONFIG_V1_SIZE)
+    fail(DDP_ERR_INVALID_ARGUMENT, "config->size is %zu, smaller than any ddp_config_t (the first version's is %zu): %s",
+         c.size, static_cast<size_t>(DDP_CONFIG_V1_SIZE), init);
+  if (c.magic != DDP_CONFIG_MAGIC)
+    fail(DDP_ERR_INVALID_ARGUMENT, "config->magic is 0x%08x, not DDP_CONFIG_MAGIC (0x%08x): %s", c.magic,
+         DDP_CONFIG_MAGIC, init);
+  if (c.version == 0) fail(DDP_ERR_INVALID_ARGUMENT, "config->version is 0: %s", init);
+}
+
+void copy_field(const Field& f, void* dst, const void* src) {
+  std::memcpy(static_cast<char*>(dst) + f.offset, static_cast<const char*>(src) + f.offset, f.bytes);
+}
+
+}  // namespace
+
+Settings read_config(const ddp_config_t* config) {
+  Settings s;
+  s.c = defaults();
+  if (config) {
+    check_header(*config);  // the three leading fields are in every version
+    for (const Field& f : kFields)
+      if (within(f, config->size)) copy_field(f, &s.c, config);
+  }
+  s.c.size = sizeof s.c;
+  for (const Field& f : kFields) check_field(f, s.c);
+  if (s.c.timeline_path && s.c.timeline_path[0]) {
+    s.timeline_path = s.c.timeline_path;
+  } else if (const char* env = std::getenv("DDP_TIMELINE")) {
+    s.timeline_path = env;
+  }
+  s.c.timeline_path = nullptr;  // borrowed for the call only: the copy above is what lasts
+  return s;
+}
+
+void config_defaults(ddp_config_t* config, size_t size) {
+  if (size < DDP_CONFIG_V1_SIZE)
+    fail(DDP_ERR_INVALID_ARGUMENT, "size is %zu, smaller than the first version of ddp_config_t (%zu)", size,
+         static_cast<size_t>(DDP_CONFIG_V1_SIZE));
+  const ddp_config_t& d = defaults();
+  config->size = size;
+  config->magic = d.magic;
+  config->version = d.version;
+  for (const Field& f : kFields)
+    if (within(f, size)) copy_field(f, config, &d);
+}
+
+void copy_sized(void* dst, const void* src, size_t dst_size, size_t src_size) {
+  const size_t n = dst_size < src_size ? dst_size : src_size;
+  if (n > sizeof(size_t))
+    std::memcpy(static_cast<char*>(dst) + sizeof(size_t), static_cast<const char*>(src) + sizeof(size_t),
+                n - sizeof(size_t));
+}
+
+AgreedFields agreed_fields(const ddp_config_t& c) {
+  AgreedFields a;
+  std::memset(&a, 0, sizeof a);
+  int i = 0;
+  for (const Field& f : kFields) {
+    if (!f.agree) continue;
+    double v = number(f, c);
+    if (f.kind == Kind::Flag) v = v != 0.0 ? 1.0 : 0.0;  // any nonzero int means on
+    std::memcpy(&a.raw[i++], &v, sizeof v);
+  }
+  return a;
+}
+
+std::string first_difference(const AgreedFields& a, int rank_a, const AgreedFields& b, int rank_b) {
+  int i = 0;
+  for (const Field& f : kFields) {
+    if (!f.agree) continue;
+    if (a.raw[i] != b.raw[i]) {
+      double x, y;
+      std::memcpy(&x, &a.raw[i], sizeof x);
+      std::memcpy(&y, &b.raw[i], sizeof y);
+      return format("%s is %.17g on rank %d but %.17g on rank %d", f.name, x, rank_a, y, rank_b);
+    }
+    ++i;
+  }
+  return std::string();
+}
+
+}  // namespace ddp
