@@ -198,7 +198,7 @@ DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
  * --------------------------------------------------------------------------------------------- */
 
 #define DDP_CONFIG_MAGIC 0xDD9C0F16u
-#define DDP_CONFIG_VERSION 1u
+#define DDP_CONFIG_VERSION 2u
 
 typedef struct ddp_config {
   size_t size;      /* sizeof(ddp_config_t) as compiled by the caller */
@@ -241,6 +241,11 @@ typedef struct ddp_config {
    * collective instead of being packed. 0 (default) never does this. */
   size_t inplace_min_numel;
   /* --- version 1 ends here (DDP_CONFIG_V1_SIZE); later fields are appended below --- */
+
+  /* Version 2 (libddp 0.2). Host memory: each bucket's collective is issued in pieces of at most this
+   * many bytes, and each piece is scaled and unpacked while it is still in cache. 0 (default) lets the
+   * library choose (see docs/performance.md); otherwise at least 4096. Ignored on GPUs. */
+  size_t host_piece_bytes;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
@@ -265,7 +270,8 @@ typedef struct ddp_config {
         DDP_UNUSED_ERROR,   /* unused_policy */                                      \
         NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */     \
         0,                  /* check_finite: off */                                  \
-        0                   /* inplace_min_numel: never */                           \
+        0,                  /* inplace_min_numel: never */                           \
+        0                   /* host_piece_bytes: the library's choice */             \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and

@@ -14,7 +14,8 @@ namespace ddp {
 namespace {
 
 enum class Kind {
-  Count,    // size_t in [lo, hi]
+  Count,       // size_t in [lo, hi]
+  PieceBytes,  // size_t: 0, or in [lo, hi]
   Flag,     // int, any value: zero is off
   Choice,   // int in [lo, hi] (an enum)
   Int,      // int in [lo, hi]
@@ -50,7 +51,8 @@ constexpr double kMaxCount = 9007199254740992.0;  // 2^53: every count a double 
   X(unused_policy, Choice, 0, 1, true, "use DDP_UNUSED_ERROR (0) or DDP_UNUSED_ZERO (1)")              \
   X(timeline_path, Text, 0, 0, false, "")                                                              \
   X(check_finite, Flag, 0, 0, false, "")                                                               \
-  X(inplace_min_numel, Count, 0, kMaxCount, true, "")
+  X(inplace_min_numel, Count, 0, kMaxCount, true, "")                                                  \
+  X(host_piece_bytes, PieceBytes, 4096, kMaxCount, true, "use 0 for the library's choice, or at least 4096")
 
 #define DDP_CONFIG_ROW_(f, kind, lo, hi, agree, hint) \
   {#f, Kind::kind, offsetof(ddp_config_t, f), sizeof(ddp_config_t::f), lo, hi, agree, hint},
@@ -88,7 +90,8 @@ const ddp_config_t& defaults() {
 double number(const Field& f, const ddp_config_t& c) {
   const char* p = reinterpret_cast<const char*>(&c) + f.offset;
   switch (f.kind) {
-    case Kind::Count: return double(*reinterpret_cast<const size_t*>(p));
+    case Kind::Count:
+    case Kind::PieceBytes: return double(*reinterpret_cast<const size_t*>(p));
     case Kind::Flag:
     case Kind::Choice:
     case Kind::Int: return double(*reinterpret_cast<const int*>(p));
@@ -108,6 +111,7 @@ void check_field(const Field& f, const ddp_config_t& c) {
     case Kind::Choice:
     case Kind::Int:
     case Kind::Millis: ok = v >= f.lo && v <= f.hi; break;
+    case Kind::PieceBytes: ok = v == 0.0 || (v >= f.lo && v <= f.hi); break;
     case Kind::Factor: ok = std::isfinite(v) && v > 0.0; break;
     case Kind::Flag:
     case Kind::Handles:
