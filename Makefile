@@ -129,9 +129,9 @@ $(C99_BIN): tests/c99/c99_api.c include/ddp.h $(SHARED)
 	$(Q)$(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(SAN)
 
-SUITES += unit c99 exports layers mpi
+SUITES += unit c99 exports layers functions mpi
 
-.PHONY: suite-unit suite-c99 suite-exports suite-layers suite-mpi
+.PHONY: suite-unit suite-c99 suite-exports suite-layers suite-functions suite-mpi
 suite-unit: $(UNIT_BIN)
 	$(Q)$(UNIT_BIN) --no-version
 
@@ -143,6 +143,10 @@ suite-exports: $(SHARED)
 
 suite-layers:
 	$(Q)tests/check_layers.sh lib
+
+# No function in lib/ over about 60 lines.
+suite-functions:
+	$(Q)$(PYTHON_BIN) tests/tools/function_lengths.py --max 60 $$(find lib -name '*.cpp' -o -name '*.hpp' | sort)
 
 ifeq ($(HAVE_MPI),1)
 suite-mpi: $(MPI_TEST_BIN)

@@ -27,10 +27,7 @@ ddp_status_t guard(const char* fn, F&& body) {
     body(fn);
     return DDP_SUCCESS;
   } catch (const Error& e) {
-    // Messages that do not name their call yet get the entry point's name in front.
-    const char* m = e.what();
-    if (std::strncmp(m, "ddp_", 4) == 0) return set_error(e.status(), m);
-    return set_error(e.status(), (std::string(fn) + ": " + m).c_str());
+    return set_error(e.status(), (std::string(fn) + ": " + e.what()).c_str());
   } catch (const std::bad_alloc&) {
     return set_error(DDP_ERR_OUT_OF_MEMORY, (std::string(fn) + ": out of host memory").c_str());
   } catch (const std::exception& e) {

@@ -49,12 +49,13 @@ class Context {
   // When a collective started now must have completed.
   Deadline deadline() const { return Deadline::after_ms(cfg_.c.timeout_ms); }
   void commit_locked();
-  void check_index(int index, const char* fn) const;
+  void check_index(int index) const;
   void learn_plan();
   void wait_buckets(void* stream);
   // Runs `fn`; a fatal error (timeout, failed collective) aborts the context before it propagates.
   template <class F>
   void fatal_on_error(F&& fn);
+  const Plan& committed_plan();
   void abort(const Error& e);
 
   std::mutex mu_;
@@ -87,5 +88,22 @@ class Context {
   std::vector<int> scratch_unused_;
   UnusedReport unused_report_;
 };
+
+template <class F>
+void Context::fatal_on_error(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    switch (e.status()) {
+      case DDP_ERR_INVALID_ARGUMENT:
+      case DDP_ERR_INVALID_STATE:
+      case DDP_ERR_UNSUPPORTED:
+        break;  // the call was refused; the context is intact
+      default:
+        abort(e);
+    }
+    throw;
+  }
+}
 
 }  // namespace ddp

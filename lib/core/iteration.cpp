@@ -1,0 +1,130 @@
+// The backward pass of the context: begin, the hook, finish (with the learned plan's first pass and
+// the unused-grad policy), sync on/off, and apex's reduce-all.
+#include <algorithm>
+
+#include "core/context.hpp"
+
+namespace ddp {
+
+void Context::begin_backward(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward)
+    fail(DDP_ERR_INVALID_STATE, "a backward pass is already in progress (call ddp_finish_backward first)");
+  fatal_on_error([&] { commit_locked(); });
+  iteration_synced_ = sync_;
+  learning_ = sync_ && cfg_.learned() && !reducer_->plan().learned;
+  if (learning_) learner_.reset(specs_.size());
+  reducer_->begin(stream, iterations_);
+  user_stream_ = stream;
+  begin_ns_ = now_ns();
+  state_ = State::InBackward;
+}
+
+void Context::grad_ready(int index, void* grad) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ != State::InBackward)
+    fail(DDP_ERR_INVALID_STATE, "grad %d: no backward pass in progress (call ddp_begin_backward first)", index);
+  check_index(index);
+  if (reducer_->is_ready(index))
+    fail(DDP_ERR_INVALID_STATE, "grad %d was already marked ready in this backward pass", index);
+  if (grad) {
+    if (cfg_.arena())
+      fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
+    if (grad != user_ptrs_[static_cast<size_t>(index)]) {
+      user_ptrs_[static_cast<size_t>(index)] = grad;
+      reducer_->set_grad_ptr(index, grad);
+    }
+  }
+  const uint64_t t = now_ns();
+  if (timeline_) timeline_->grad_ready(index, t);
+  if (learning_) learner_.record(index);
+  const bool launch = iteration_synced_ && !learning_ && cfg_.c.delay_allreduce == 0;
+  fatal_on_error([&] { reducer_->mark_ready(index, launch, t); });
+}
+
+void Context::learn_plan() {
+  // apex sync_bucket_structure: rank 0's learned buckets become every rank's.
+  Plan local = learner_.finish(specs_, cfg_.c.message_size, cfg_.c.num_streams);
+  std::vector<int64_t> wire(1 + 2 * specs_.size(), 0);
+  if (rank_ == 0) {
+    std::vector<int64_t> s = local.serialize();
+    std::copy(s.begin(), s.end(), wire.begin());
+  }
+  ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, deadline());
+  Plan adopted = Plan::deserialize(wire.data(), wire.size(), specs_, cfg_.c.num_streams);
+  std::vector<int> unready;
+  reducer_->unready_grads(&unready);
+  reducer_->adopt(std::move(adopted), user_ptrs_);
+  if (cfg_.arena()) ++layout_epoch_;
+  reducer_->begin(user_stream_, iterations_);
+  std::vector<char> skip(specs_.size(), 0);
+  for (int g : unready) skip[static_cast<size_t>(g)] = 1;
+  const uint64_t t = now_ns();
+  for (size_t g = 0; g < specs_.size(); ++g)
+    if (!skip[g]) reducer_->mark_ready(static_cast<int>(g), false, t);
+}
+
+void Context::wait_buckets(void* stream) {
+  const uint64_t t0 = now_ns();
+  reducer_->finish(stream, Deadline::never());
+  last_exposed_ns_ = now_ns() - t0;
+  exposed_ns_ += last_exposed_ns_;
+}
+
+void Context::finish_backward(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ != State::InBackward)
+    fail(DDP_ERR_INVALID_STATE, "no backward pass in progress (call ddp_begin_backward first)");
+  state_ = State::Idle;
+  if (!iteration_synced_) return;  // no_sync: grads only accumulated locally
+  std::string unused_text;
+  fatal_on_error([&] {
+    if (learning_) {
+      learning_ = false;
+      learn_plan();
+    }
+    reducer_->unready_grads(&scratch_unused_);
+    reducer_->launch_rest();  // unused grads travel as zeros, so that no rank waits forever
+    wait_buckets(stream);
+    // The report is one more exchange between the ranks: after the buckets, so that a rank that died
+    // or stalled is reported by the bucket that waited for it (step and bucket named).
+    if (!cfg_.unused_zero()) unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline());
+  });
+  ++iterations_;
+  if (timeline_) {
+    timeline_->iteration(iterations_ - 1, begin_ns_, now_ns());
+    timeline_->flush();
+  }
+  if (!unused_text.empty())
+    fail(DDP_ERR_INVALID_STATE,
+         "grads never marked ready in this iteration (reduced as zeros): %s. Mark every "
+         "grad ready each iteration, or set unused_policy = DDP_UNUSED_ZERO",
+         unused_text.c_str());
+}
+
+void Context::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward)
+    fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass (set it before ddp_begin_backward)");
+  sync_ = enabled;
+}
+
+void Context::reduce_all(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward)
+    fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  fatal_on_error([&] {
+    commit_locked();
+    reducer_->begin(stream, iterations_);
+    reducer_->launch_all();
+    wait_buckets(stream);
+  });
+  ++iterations_;
+}
+
+}  // namespace ddp
