@@ -1,9 +1,11 @@
-// The one table of ddp_config_t's fields. Each row gives a field's kind, its valid range, whether
-// ranks must agree on it, and the hint of its error message; the defaults are the header's
-// DDP_CONFIG_INITIALIZER. From the table come the reader of a caller's struct of any version, the
-// defaults written into one, and the cross-rank summary with its mismatch names. Appending a field to
-// ddp_config_t means appending one row here (a static_assert below fails until it is there).
+// The config, read through one table of ddp_config_t's fields (config_fields.def). Each row gives a
+// field's kind, its valid range, whether ranks must agree on it, and the hint of its error message;
+// the defaults are the header's DDP_CONFIG_INITIALIZER. From the table come the reader of a caller's
+// struct of any version, the defaults written into one, and the cross-rank summary with its mismatch
+// names. Appending a field to ddp_config_t means appending its row to config_fields.def (a
+// static_assert below fails until it is there).
 #include "core/config.hpp"
+#include "core/config_fields.def"  // DDP_CONFIG_FIELDS: the table
 
 #include <cmath>
 #include <cstdlib>
@@ -35,24 +37,6 @@ struct Field {
 };
 
 constexpr double kMaxCount = 9007199254740992.0;  // 2^53: every count a double holds exactly
-
-// X(field, kind, lo, hi, agree, hint), in declaration order.
-#define DDP_CONFIG_FIELDS(X)                                                                          \
-  X(message_size, Count, 1, kMaxCount, true, "it must be at least 1 element")                          \
-  X(delay_allreduce, Flag, 0, 0, true, "")                                                             \
-  X(layout, Choice, 0, 1, true, "use DDP_LAYOUT_COPY (0) or DDP_LAYOUT_ARENA (1)")                     \
-  X(plan_order, Choice, 0, 1, true, "use DDP_PLAN_LEARNED (0) or DDP_PLAN_REGISTRATION (1)")           \
-  X(allreduce_always_fp32, Flag, 0, 0, true, "")                                                       \
-  X(gradient_average, Flag, 0, 0, true, "")                                                            \
-  X(gradient_predivide_factor, Factor, 0, 0, true, "it must be finite and > 0")                        \
-  X(num_streams, Int, 1, 64, true, "it must be in 1..64")                                              \
-  X(stream_comms, Handles, 0, 0, false, "")                                                            \
-  X(timeout_ms, Millis, 0, 9.2e18, false, "use 0 to wait forever")                                     \
-  X(unused_policy, Choice, 0, 1, true, "use DDP_UNUSED_ERROR (0) or DDP_UNUSED_ZERO (1)")              \
-  X(timeline_path, Text, 0, 0, false, "")                                                              \
-  X(check_finite, Flag, 0, 0, false, "")                                                               \
-  X(inplace_min_numel, Count, 0, kMaxCount, true, "")                                                  \
-  X(host_piece_bytes, PieceBytes, 4096, kMaxCount, true, "use 0 for the library's choice, or at least 4096")
 
 #define DDP_CONFIG_ROW_(f, kind, lo, hi, agree, hint) \
   {#f, Kind::kind, offsetof(ddp_config_t, f), sizeof(ddp_config_t::f), lo, hi, agree, hint},

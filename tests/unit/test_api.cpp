@@ -71,11 +71,15 @@ TEST_CASE("config: defaults, and every bad field is refused with its name") {
   CHECK(c.timeline_path == i.timeline_path);
   CHECK(c.check_finite == i.check_finite);
   CHECK(c.inplace_min_numel == i.inplace_min_numel);
+  CHECK(c.host_piece_bytes == i.host_piece_bytes);
+  CHECK(c.size == sizeof(ddp_config_t));
+  CHECK(c.version == DDP_CONFIG_VERSION);
   CHECK(c.message_size == 10000000u);
   CHECK(c.gradient_average == 1);
   CHECK(c.gradient_predivide_factor == 1.0);
   CHECK(c.num_streams == 1);
   CHECK_STATUS(ddp_config_init(nullptr), DDP_ERR_INVALID_ARGUMENT, "config");
+  CHECK_STATUS(ddp_config_init_sized(&c, DDP_CONFIG_V1_SIZE - 1), DDP_ERR_INVALID_ARGUMENT, "first version");
 
   ddp_comm_t comm;
   REQUIRE(ddp_comm_init_self(&comm) == DDP_SUCCESS);
@@ -97,6 +101,8 @@ TEST_CASE("config: defaults, and every bad field is refused with its name") {
       {"num_streams", [](ddp_config_t* x) { x->num_streams = 65; }},
       {"timeout_ms", [](ddp_config_t* x) { x->timeout_ms = -1; }},
       {"unused_policy", [](ddp_config_t* x) { x->unused_policy = 2; }},
+      {"host_piece_bytes", [](ddp_config_t* x) { x->host_piece_bytes = 4095; }},
+      {"host_piece_bytes", [](ddp_config_t* x) { x->host_piece_bytes = SIZE_MAX; }},
   };
   for (const Bad& b : bad) {
     ddp_config_t x = DDP_CONFIG_INITIALIZER;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <new>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -213,6 +214,52 @@ TEST_CASE("local group: a rank that never arrives times out, and the context the
       ok = ok && ddp_begin_backward(d, nullptr) == DDP_ERR_ABORTED;
       ok = ok && std::strstr(ddp_last_error(), "aborted") != nullptr;
     }
+    ddp_destroy(d);
+    return ok;
+  });
+  CHECK(failed == 0);
+}
+
+TEST_CASE("local group: every agreed config field is compared across ranks and named on every rank") {
+  struct Variant {
+    const char* field;
+    void (*edit)(ddp_config_t*);
+  };
+  const Variant variants[] = {
+      {"message_size", [](ddp_config_t* c) { c->message_size = 77; }},
+      {"layout", [](ddp_config_t* c) { c->layout = DDP_LAYOUT_ARENA; }},
+      {"delay_allreduce", [](ddp_config_t* c) { c->delay_allreduce = 5; }},
+      {"gradient_predivide_factor", [](ddp_config_t* c) { c->gradient_predivide_factor = 3.0; }},
+      {"inplace_min_numel", [](ddp_config_t* c) { c->inplace_min_numel = 1000; }},
+      {"host_piece_bytes", [](ddp_config_t* c) { c->host_piece_bytes = 1 << 16; }},
+  };
+  for (const Variant& v : variants) {
+    CAPTURE(v.field);
+    std::atomic<int> named{0};
+    const int failed = on_ranks(3, [&](int rank, ddp_comm_t comm) {
+      ddp_config_t cfg;
+      ddp_config_init(&cfg);
+      cfg.timeout_ms = 20000;
+      if (rank == 2) v.edit(&cfg);
+      ddp_t d = nullptr;
+      const ddp_status_t st = ddp_create(comm, &cfg, &d);
+      if (st == DDP_SUCCESS) ddp_destroy(d);
+      const std::string msg = ddp_last_error();
+      if (st == DDP_ERR_MISMATCH && msg.find(v.field) != std::string::npos && msg.find("rank 2") != std::string::npos)
+        ++named;
+      return st == DDP_SUCCESS;
+    });
+    CHECK(failed == 3);  // every rank refuses, none goes on alone
+    CHECK(named == 3);
+  }
+  // A flag is a flag: 1 on one rank and 5 on another agree.
+  const int failed = on_ranks(2, [&](int rank, ddp_comm_t comm) {
+    ddp_config_t cfg;
+    ddp_config_init(&cfg);
+    cfg.check_finite = 1;  // not agreed: each rank may scan or not
+    cfg.delay_allreduce = rank ? 5 : 1;
+    ddp_t d = nullptr;
+    const bool ok = ddp_create(comm, &cfg, &d) == DDP_SUCCESS;
     ddp_destroy(d);
     return ok;
   });
