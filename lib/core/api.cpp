@@ -1,7 +1,7 @@
 // The C ABI shell: argument checks, status codes, the per-thread last-error text, and the C handles
 // resolved into the objects behind them. No exception crosses this file: each entry point runs its
-// body inside guard(__func__, ...), which hands the body the entry point's name for its messages and
-// turns any exception into a status and a message.
+// body inside guard(__func__, ...), which turns any exception into a status and a message that starts
+// with the entry point's name.
 #include <cstring>
 #include <new>
 #include <string>
@@ -24,7 +24,7 @@ ddp_status_t set_error(ddp_status_t status, const char* message) {
 template <class F>
 ddp_status_t guard(const char* fn, F&& body) {
   try {
-    body(fn);
+    body();
     return DDP_SUCCESS;
   } catch (const Error& e) {
     return set_error(e.status(), (std::string(fn) + ": " + e.what()).c_str());
@@ -38,12 +38,12 @@ ddp_status_t guard(const char* fn, F&& body) {
 }
 
 template <class T>
-void need(const T* p, const char* fn, const char* what) {
-  if (!p) fail(DDP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+void need(const T* p, const char* what) {
+  if (!p) fail(DDP_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
 
-Context& ctx(ddp_t d, const char* fn) {
-  if (!d) fail(DDP_ERR_INVALID_ARGUMENT, "%s: the ddp_t handle is NULL", fn);
+Context& ctx(ddp_t d) {
+  if (!d) fail(DDP_ERR_INVALID_ARGUMENT, "the ddp_t handle is NULL");
   return *d->impl;
 }
 
@@ -64,8 +64,8 @@ void resolve_stream_comms(Settings& s, const Comm& base) {
   }
 }
 
-Comm& comm(ddp_comm_t c, const char* fn) {
-  if (!c) fail(DDP_ERR_INVALID_ARGUMENT, "%s: the ddp_comm_t handle is NULL", fn);
+Comm& comm(ddp_comm_t c) {
+  if (!c) fail(DDP_ERR_INVALID_ARGUMENT, "the ddp_comm_t handle is NULL");
   return *c->impl;
 }
 
@@ -98,24 +98,24 @@ int ddp_version(void) { return DDP_VERSION_CODE; }
 /* ---- communicators ---- */
 
 ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(out, fn, "comm");
+  return guard(__func__, [&] {
+    need(out, "comm");
     *out = wrap(make_mpi_comm(mpi_comm));
   });
 }
 
 ddp_status_t ddp_comm_init_self(ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(out, fn, "comm");
+  return guard(__func__, [&] {
+    need(out, "comm");
     *out = wrap(make_local_comm(make_local_group(1), 0));
   });
 }
 
 ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(out, fn, "group");
+  return guard(__func__, [&] {
+    need(out, "group");
     if (nranks < 1 || nranks > 4096)
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: nranks is %d, it must be in 1..4096", fn, nranks);
+      fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d, it must be in 1..4096", nranks);
     ddp_local_group_t g = new ddp_local_group;
     g->impl = make_local_group(nranks);
     *out = g;
@@ -123,80 +123,80 @@ ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* out) {
 }
 
 ddp_status_t ddp_comm_init_local(ddp_local_group_t group, int rank, ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(group, fn, "group");
-    need(out, fn, "comm");
+  return guard(__func__, [&] {
+    need(group, "group");
+    need(out, "comm");
     int n = local_group_size(*group->impl);
     if (rank < 0 || rank >= n)
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: rank %d out of range 0..%d", fn, rank, n - 1);
+      fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, n - 1);
     *out = wrap(make_local_comm(group->impl, rank));
   });
 }
 
 ddp_status_t ddp_local_group_destroy(ddp_local_group_t group) {
-  return guard(__func__, [&](const char*) { delete group; });
+  return guard(__func__, [&] { delete group; });
 }
 
 ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id) {
-  return guard(__func__, [&](const char* fn) {
-    need(id, fn, "id");
+  return guard(__func__, [&] {
+    need(id, "id");
     nccl_get_unique_id(id);
   });
 }
 
 ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device, ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(id, fn, "id");
-    need(out, fn, "comm");
-    if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "%s: nranks is %d", fn, nranks);
+  return guard(__func__, [&] {
+    need(id, "id");
+    need(out, "comm");
+    if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d", nranks);
     if (rank < 0 || rank >= nranks)
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: rank %d out of range 0..%d", fn, rank, nranks - 1);
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "%s: cuda_device is %d", fn, cuda_device);
+      fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, nranks - 1);
+    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
     *out = wrap(make_nccl_comm(id, nranks, rank, cuda_device));
   });
 }
 
 ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(out, fn, "comm");
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "%s: cuda_device is %d", fn, cuda_device);
+  return guard(__func__, [&] {
+    need(out, "comm");
+    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
     *out = wrap(make_nccl_comm_mpi(mpi_comm, cuda_device));
   });
 }
 
 ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    need(nccl_comm, fn, "nccl_comm");
-    need(out, fn, "comm");
+  return guard(__func__, [&] {
+    need(nccl_comm, "nccl_comm");
+    need(out, "comm");
     *out = wrap(wrap_nccl_comm(nccl_comm));
   });
 }
 
 ddp_status_t ddp_comm_rank(ddp_comm_t c, int* rank) {
-  return guard(__func__, [&](const char* fn) {
-    Comm& k = comm(c, fn);
-    need(rank, fn, "rank");
+  return guard(__func__, [&] {
+    Comm& k = comm(c);
+    need(rank, "rank");
     *rank = k.rank();
   });
 }
 
 ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
-  return guard(__func__, [&](const char* fn) {
-    Comm& k = comm(c, fn);
-    need(size, fn, "size");
+  return guard(__func__, [&] {
+    Comm& k = comm(c);
+    need(size, "size");
     *size = k.size();
   });
 }
 
 ddp_status_t ddp_comm_destroy(ddp_comm_t c) {
-  return guard(__func__, [&](const char*) { delete c; });
+  return guard(__func__, [&] { delete c; });
 }
 
 /* ---- config and context ---- */
 
 ddp_status_t ddp_config_init_sized(ddp_config_t* config, size_t size) {
-  return guard(__func__, [&](const char* fn) {
-    need(config, fn, "config");
+  return guard(__func__, [&] {
+    need(config, "config");
     config_defaults(config, size);
   });
 }
@@ -205,16 +205,16 @@ ddp_status_t ddp_config_init_sized(ddp_config_t* config, size_t size) {
 // version's, so that is all it writes. (The header's ddp_config_init is a macro over the sized call.)
 #undef ddp_config_init
 ddp_status_t ddp_config_init(ddp_config_t* config) {
-  return guard(__func__, [&](const char* fn) {
-    need(config, fn, "config");
+  return guard(__func__, [&] {
+    need(config, "config");
     config_defaults(config, DDP_CONFIG_V1_SIZE);
   });
 }
 
 ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
-  return guard(__func__, [&](const char* fn) {
-    Comm& k = comm(c, fn);
-    need(out, fn, "ddp");
+  return guard(__func__, [&] {
+    Comm& k = comm(c);
+    need(out, "ddp");
     Settings s = read_config(config);
     resolve_stream_comms(s, k);
     std::unique_ptr<ddp_context> h(new ddp_context);
@@ -224,89 +224,89 @@ ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
 }
 
 ddp_status_t ddp_register_grad(ddp_t d, void* grad, size_t numel, ddp_dtype_t dtype, unsigned flags, int* index) {
-  return guard(__func__, [&](const char* fn) {
-    Context& c = ctx(d, fn);
-    need(index, fn, "index");
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(index, "index");
     const int dt = enum_value(dtype);
     if (!dtype_valid(dt))
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", fn, dt);
+      fail(DDP_ERR_INVALID_ARGUMENT, "dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", dt);
     *index = c.register_grad(grad, numel, static_cast<Dtype>(dt), flags);
   });
 }
 
 ddp_status_t ddp_commit(ddp_t d) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).commit(); });
+  return guard(__func__, [&] { ctx(d).commit(); });
 }
 
 ddp_status_t ddp_grad_ptr(ddp_t d, int index, void** grad) {
-  return guard(__func__, [&](const char* fn) {
-    Context& c = ctx(d, fn);
-    need(grad, fn, "grad");
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(grad, "grad");
     *grad = c.grad_ptr(index);
   });
 }
 
 ddp_status_t ddp_set_grad_ptr(ddp_t d, int index, void* grad) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).set_grad_ptr(index, grad); });
+  return guard(__func__, [&] { ctx(d).set_grad_ptr(index, grad); });
 }
 
 ddp_status_t ddp_begin_backward(ddp_t d, void* stream) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).begin_backward(stream); });
+  return guard(__func__, [&] { ctx(d).begin_backward(stream); });
 }
 
 ddp_status_t ddp_grad_ready(ddp_t d, int index) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).grad_ready(index, nullptr); });
+  return guard(__func__, [&] { ctx(d).grad_ready(index, nullptr); });
 }
 
 ddp_status_t ddp_grad_ready_ptr(ddp_t d, int index, void* grad) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).grad_ready(index, grad); });
+  return guard(__func__, [&] { ctx(d).grad_ready(index, grad); });
 }
 
 ddp_status_t ddp_finish_backward(ddp_t d, void* stream) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).finish_backward(stream); });
+  return guard(__func__, [&] { ctx(d).finish_backward(stream); });
 }
 
 ddp_status_t ddp_set_sync(ddp_t d, int enabled) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).set_sync(enabled != 0); });
+  return guard(__func__, [&] { ctx(d).set_sync(enabled != 0); });
 }
 
 ddp_status_t ddp_reduce_all(ddp_t d, void* stream) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).reduce_all(stream); });
+  return guard(__func__, [&] { ctx(d).reduce_all(stream); });
 }
 
 ddp_status_t ddp_broadcast(ddp_t d, void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n,
                            int root, void* stream) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).broadcast(buffers, counts, dtypes, n, root, stream); });
+  return guard(__func__, [&] { ctx(d).broadcast(buffers, counts, dtypes, n, root, stream); });
 }
 
 ddp_status_t ddp_synchronize(ddp_t d) {
-  return guard(__func__, [&](const char* fn) { ctx(d, fn).synchronize(); });
+  return guard(__func__, [&] { ctx(d).synchronize(); });
 }
 
 ddp_status_t ddp_get_stats(ddp_t d, ddp_stats_t* stats) {
-  return guard(__func__, [&](const char* fn) {
-    Context& c = ctx(d, fn);
-    need(stats, fn, "stats");
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(stats, "stats");
     if (stats->size < offsetof(ddp_stats_t, iterations) + sizeof(uint64_t))
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: stats->size is %zu: set it to sizeof(ddp_stats_t)", fn, stats->size);
+      fail(DDP_ERR_INVALID_ARGUMENT, "stats->size is %zu: set it to sizeof(ddp_stats_t)", stats->size);
     c.stats(stats);
   });
 }
 
 ddp_status_t ddp_get_plan(ddp_t d, int* num_buckets, int* learned) {
-  return guard(__func__, [&](const char* fn) {
-    Context& c = ctx(d, fn);
-    need(num_buckets, fn, "num_buckets");
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(num_buckets, "num_buckets");
     c.plan_info(num_buckets, learned);
   });
 }
 
 ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity) {
-  return guard(__func__, [&](const char* fn) {
-    Context& c = ctx(d, fn);
-    need(info, fn, "info");
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(info, "info");
     if (info->size < offsetof(ddp_bucket_info_t, dtype) + sizeof(ddp_dtype_t))
-      fail(DDP_ERR_INVALID_ARGUMENT, "%s: info->size is %zu: set it to sizeof(ddp_bucket_info_t)", fn, info->size);
+      fail(DDP_ERR_INVALID_ARGUMENT, "info->size is %zu: set it to sizeof(ddp_bucket_info_t)", info->size);
     ddp_bucket_info_t full;
     c.bucket_info(bucket, &full, grads, capacity);
     copy_sized(info, &full, info->size, sizeof full);
@@ -314,7 +314,7 @@ ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* g
 }
 
 ddp_status_t ddp_destroy(ddp_t d) {
-  return guard(__func__, [&](const char*) { delete d; });
+  return guard(__func__, [&] { delete d; });
 }
 
 }  // extern "C"

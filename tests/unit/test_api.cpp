@@ -275,6 +275,11 @@ TEST_CASE("arena layout: library-owned storage, NULL required, pointer setters r
   CHECK_STATUS(ddp_grad_ptr(o.ddp, 5, &p), DDP_ERR_INVALID_ARGUMENT, "out of range");
   REQUIRE(ddp_begin_backward(o.ddp, nullptr) == DDP_SUCCESS);
   CHECK_STATUS(ddp_grad_ready_ptr(o.ddp, i, f), DDP_ERR_INVALID_STATE, "arena");
+  // Every message starts with the entry point that failed, named once.
+  const std::string m = ddp_last_error();
+  CHECK(m.rfind("ddp_grad_ready_ptr: ", 0) == 0);
+  CHECK(m.find("ddp_grad_ready_ptr", 1) == std::string::npos);
+  CHECK_STATUS(ddp_grad_ready(o.ddp, 99), DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: grad index 99 out of range");
   ddp_stats_t s;
   s.size = sizeof s;
   REQUIRE(ddp_get_stats(o.ddp, &s) == DDP_SUCCESS);
