@@ -142,6 +142,8 @@ struct CudaDevice::TableState {
   size_t temp_bytes = 0;
   std::vector<char> host;
 
+  void reserve(size_t count, cudaStream_t stream);
+  void upload(const SegmentTable& table, const void* flat_buf, size_t elem, cudaStream_t stream);
   kern::SegDesc* segs() const { return reinterpret_cast<kern::SegDesc*>(dev); }
   void** grads() const { return reinterpret_cast<void**>(dev + n * sizeof(kern::SegDesc)); }
   void** flats() const { return grads() + n; }
@@ -174,6 +176,76 @@ static const char* memory_kind(cudaMemoryType t) {
   }
 }
 
+// A grad that the GPU cannot read would fault the kernel and poison the whole CUDA context: every
+// pointer is checked instead, once per table version.
+void CudaDevice::check_pointers(const SegmentTable& table) const {
+  for (size_t i = 0; i < table.segs.size(); ++i) {
+    const Segment& seg = table.segs[i];
+    cudaPointerAttributes attr;
+    std::memset(&attr, 0, sizeof attr);
+    cudaError_t rc = cudaPointerGetAttributes(&attr, seg.ptr);
+    if (rc != cudaSuccess) cudaGetLastError();
+    const bool ok = rc == cudaSuccess && ((attr.type == cudaMemoryTypeDevice && attr.device == device_) ||
+                                          attr.type == cudaMemoryTypeManaged ||
+                                          (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr));
+    if (ok) continue;
+    if (rc == cudaSuccess && attr.type == cudaMemoryTypeDevice)
+      fail(DDP_ERR_CUDA,
+           "grad storage %p (segment %zu of a bucket) is device memory of CUDA device %d, but the "
+           "communicator runs on device %d",
+           seg.ptr, i, attr.device, device_);
+    fail(DDP_ERR_CUDA,
+         "grad storage %p (segment %zu of a bucket) is not memory CUDA device %d can use: it is %s. An NCCL "
+         "communicator needs device pointers",
+         seg.ptr, i, device_, rc == cudaSuccess ? memory_kind(attr.type) : cudaGetErrorString(rc));
+  }
+}
+
+// Device storage for a table of `n` segments, and CUB's temporary storage sized by its query.
+void CudaDevice::TableState::reserve(size_t count, cudaStream_t stream) {
+  if (n == count && dev) return;
+  cudaFree(dev);
+  dev = nullptr;
+  cudaFree(temp);
+  temp = nullptr;
+  n = count;
+  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), size()));
+  size_t need = 0;
+  DDP_CUDA_CHECK(kern::batched_copy(nullptr, &need, grads(), flats(), bytes(), static_cast<int>(n), stream));
+  temp_bytes = need ? need : 1;
+  DDP_CUDA_CHECK(cudaMalloc(&temp, temp_bytes));
+  host.assign(size(), 0);
+}
+
+// Fills the host image of the table (kernel descriptors, CUB's arrays) and uploads it on `stream`.
+void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_buf, size_t elem,
+                                    cudaStream_t stream) {
+  kern::SegDesc* hs = reinterpret_cast<kern::SegDesc*>(host.data());
+  void** hg = reinterpret_cast<void**>(host.data() + n * sizeof(kern::SegDesc));
+  void** hf = hg + n;
+  size_t* hb = reinterpret_cast<size_t*>(hf + n);
+  uint64_t blocks = 0;
+  bool zero = false;
+  for (size_t i = 0; i < n; ++i) {
+    const Segment& seg = table.segs[i];
+    hs[i] = kern::SegDesc{seg.ptr, seg.offset, seg.numel, blocks, seg.zero, 0};
+    blocks += kern::blocks_for(seg.numel);
+    zero = zero || seg.zero != 0;
+    hg[i] = seg.ptr;
+    hf[i] = static_cast<char*>(const_cast<void*>(flat_buf)) + seg.offset * elem;
+    hb[i] = seg.numel * elem;
+  }
+  if (blocks > 0x7fffffffull) fail(DDP_ERR_UNSUPPORTED, "a bucket of %zu grads is too large for one kernel launch", n);
+  // Pageable source: the copy returns once the bytes are staged, so `host` may be rewritten after.
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), size(), cudaMemcpyHostToDevice, stream));
+  version = table.version;
+  flat = flat_buf;
+  flat_elem = elem;
+  any_zero = zero;
+  total_blocks = blocks;
+  valid = true;
+}
+
 CudaDevice::TableState& CudaDevice::prepare(SegmentTable& table, const void* flat, size_t flat_elem, CudaStream& s) {
   TableState* st = static_cast<TableState*>(table.device_state.get());
   if (!st) {
@@ -183,69 +255,9 @@ CudaDevice::TableState& CudaDevice::prepare(SegmentTable& table, const void* fla
     st = fresh.get();
   }
   if (st->valid && st->version == table.version && st->flat == flat && st->flat_elem == flat_elem) return *st;
-
-  const size_t n = table.segs.size();
-  // A grad that the GPU cannot read would fault the kernel and poison the whole CUDA context:
-  // every pointer is checked here, once per table version, instead.
-  for (size_t i = 0; i < n; ++i) {
-    const Segment& seg = table.segs[i];
-    cudaPointerAttributes attr;
-    std::memset(&attr, 0, sizeof attr);
-    cudaError_t rc = cudaPointerGetAttributes(&attr, seg.ptr);
-    if (rc != cudaSuccess) cudaGetLastError();
-    const bool ok = rc == cudaSuccess && ((attr.type == cudaMemoryTypeDevice && attr.device == device_) ||
-                                          attr.type == cudaMemoryTypeManaged ||
-                                          (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr));
-    if (!ok) {
-      if (rc == cudaSuccess && attr.type == cudaMemoryTypeDevice)
-        fail(DDP_ERR_CUDA, "grad storage %p (segment %zu of a bucket) is device memory of CUDA device %d, but the "
-                           "communicator runs on device %d",
-             seg.ptr, i, attr.device, device_);
-      fail(DDP_ERR_CUDA,
-           "grad storage %p (segment %zu of a bucket) is not memory CUDA device %d can use: it is %s. An NCCL "
-           "communicator needs device pointers",
-           seg.ptr, i, device_, rc == cudaSuccess ? memory_kind(attr.type) : cudaGetErrorString(rc));
-    }
-  }
-
-  if (st->n != n || !st->dev) {
-    cudaFree(st->dev);
-    st->dev = nullptr;
-    cudaFree(st->temp);
-    st->temp = nullptr;
-    st->n = n;
-    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st->dev), st->size()));
-    size_t temp = 0;
-    DDP_CUDA_CHECK(kern::batched_copy(nullptr, &temp, st->grads(), st->flats(), st->bytes(), static_cast<int>(n),
-                                      s.stream()));
-    st->temp_bytes = temp ? temp : 1;
-    DDP_CUDA_CHECK(cudaMalloc(&st->temp, st->temp_bytes));
-    st->host.assign(st->size(), 0);
-  }
-  kern::SegDesc* hs = reinterpret_cast<kern::SegDesc*>(st->host.data());
-  void** hg = reinterpret_cast<void**>(st->host.data() + n * sizeof(kern::SegDesc));
-  void** hf = hg + n;
-  size_t* hb = reinterpret_cast<size_t*>(hf + n);
-  uint64_t blocks = 0;
-  bool any_zero = false;
-  for (size_t i = 0; i < n; ++i) {
-    const Segment& seg = table.segs[i];
-    hs[i] = kern::SegDesc{seg.ptr, seg.offset, seg.numel, blocks, seg.zero, 0};
-    blocks += kern::blocks_for(seg.numel);
-    any_zero = any_zero || seg.zero != 0;
-    hg[i] = seg.ptr;
-    hf[i] = static_cast<char*>(const_cast<void*>(flat)) + seg.offset * flat_elem;
-    hb[i] = seg.numel * flat_elem;
-  }
-  if (blocks > 0x7fffffffull) fail(DDP_ERR_UNSUPPORTED, "a bucket of %zu grads is too large for one kernel launch", n);
-  // Pageable source: the copy returns once the bytes are staged, so `host` may be rewritten after.
-  DDP_CUDA_CHECK(cudaMemcpyAsync(st->dev, st->host.data(), st->size(), cudaMemcpyHostToDevice, s.stream()));
-  st->version = table.version;
-  st->flat = flat;
-  st->flat_elem = flat_elem;
-  st->any_zero = any_zero;
-  st->total_blocks = blocks;
-  st->valid = true;
+  check_pointers(table);
+  st->reserve(table.segs.size(), s.stream());
+  st->upload(table, flat, flat_elem, s.stream());
   ++uploads_;
   return *st;
 }

@@ -106,6 +106,7 @@ class CudaDevice final : public Device {
  private:
   struct TableState;
   TableState& prepare(SegmentTable& table, const void* flat, size_t flat_elem, CudaStream& s);
+  void check_pointers(const SegmentTable& table) const;
   CudaStream& cuda(Stream& s) const;
 
   int device_;
