@@ -7,6 +7,14 @@
 As apex does, it hooks each parameter's grad accumulator: when the accumulator has run, the grad is
 final for this backward pass and is handed to ddp_grad_ready; a callback queued on the autograd engine
 calls ddp_finish_backward before backward() returns.
+
+Where torch.nn.parallel.DistributedDataParallel defines a behaviour, this module follows it:
+- find_unused_parameters=True: a parameter that no rank used keeps its .grad untouched (None after
+  zero_grad(set_to_none=True), so optimizers skip it); one unused on some ranks only gets the reduced
+  value on every rank, the unused ranks contributing their current .grad (zeros if None). As torch does,
+  the ranks learn which parameters were used anywhere by reducing a usage map with the grads.
+- broadcast_buffers=True (the default): rank 0's buffers (BatchNorm statistics, any dtype) are copied to
+  every rank at the start of every forward pass that follows a synced training forward, and at the first.
 """
 import contextlib
 import ctypes
@@ -28,20 +36,39 @@ class _CudaView:
                                          "version": 2, "strides": None}
 
 
-_TYPESTR = {torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8"}
+# __cuda_array_interface__ has no bfloat16: such memory is viewed as int16 and reinterpreted.
+_TYPESTR = {torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16),
+            torch.float32: ("<f4", None), torch.float64: ("<f8", None)}
 
 
-def _view(ptr, param):
-    """A tensor shaped like `param` over the library's memory at `ptr`."""
-    n = param.numel()
-    if param.is_cuda:
-        if param.dtype not in _TYPESTR:
-            raise TypeError("libddp.torch: the arena layout on CUDA supports float16/32/64, not %s" % param.dtype)
-        t = torch.as_tensor(_CudaView(ptr, n, _TYPESTR[param.dtype]), device=param.device)
+def _view(ptr, like):
+    """A tensor shaped like `like` (a parameter or tensor) over the library's memory at `ptr`."""
+    n = like.numel()
+    if like.is_cuda:
+        if like.dtype not in _TYPESTR:
+            raise TypeError("libddp.torch: the arena layout on CUDA supports float16/bfloat16/32/64, not %s"
+                            % like.dtype)
+        typestr, cast = _TYPESTR[like.dtype]
+        t = torch.as_tensor(_CudaView(ptr, n, typestr), device=like.device)
+        if cast is not None:
+            t = t.view(cast)
     else:
-        raw = (ctypes.c_byte * (n * param.element_size())).from_address(ptr)
-        t = torch.frombuffer(raw, dtype=param.dtype, count=n)
-    return t.view(param.shape)
+        raw = (ctypes.c_byte * (n * like.element_size())).from_address(ptr)
+        t = torch.frombuffer(raw, dtype=like.dtype, count=n)
+    return t.view(like.shape)
+
+
+_RAW_WIDTHS = ((8, torch.float64), (4, torch.float32), (2, torch.float16))
+
+
+def _raw(t):
+    """(pointer, count, dtype) covering the bytes of contiguous `t` (an even number of them), for a
+    broadcast: a broadcast copies bytes, so any tensor travels as the widest float type that tiles it."""
+    nbytes = t.numel() * t.element_size()
+    for width, dt in _RAW_WIDTHS:
+        if nbytes % width == 0:
+            return (t.data_ptr(), nbytes // width, dt)
+    raise ValueError("odd byte count")
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -50,51 +77,69 @@ class DistributedDataParallel(torch.nn.Module):
     comm: a libddp.Comm (default: Comm.mpi() for CPU parameters, Comm.nccl_mpi(device) for CUDA ones).
     layout: "copy" (grads stay torch's own tensors) or "arena" (p.grad become views into the library's
     bucket buffers: zero copies; apex retain_allreduce_buffers / torch gradient_as_bucket_view).
-    find_unused_parameters: grads that never became ready are reduced as zeros instead of raising.
-    broadcast_parameters: copy rank 0's parameters and float buffers to every rank at construction.
+    find_unused_parameters: parameters that get no grad in a backward pass are allowed (see the module's
+    docstring for what their .grad becomes); without it such a pass raises libddp.InvalidStateError.
+    broadcast_parameters: copy rank 0's parameters and buffers to every rank at construction.
+    broadcast_buffers: copy rank 0's buffers to every rank before each training forward (torch's default).
     Other keywords are libddp config fields (message_size, delay_allreduce, gradient_average,
     gradient_predivide_factor, allreduce_always_fp32, num_streams, timeout_ms, plan_order, ...).
     """
 
     def __init__(self, module, comm=None, *, layout="copy", find_unused_parameters=False,
-                 broadcast_parameters=True, allreduce_trigger_params=None, **config):
+                 broadcast_parameters=True, broadcast_buffers=True, allreduce_trigger_params=None, **config):
         super().__init__()
         self.module = module
-        seen = set()
-        self._params = []
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                self._params.append(p)
-        if not self._params:
-            raise ValueError("libddp.torch: the module has no parameter that requires grad")
+        self._params = self._trainable(module)
         self._cuda = self._params[0].is_cuda
-        if any(p.is_cuda != self._cuda for p in self._params):
-            raise ValueError("libddp.torch: parameters must all be on CPU or all on CUDA")
-        for p in self._params:
-            dtype_code(p.dtype)  # raises for unsupported dtypes
         if comm is None:
             comm = Comm.nccl_mpi(self._params[0].device.index or 0) if self._cuda else Comm.mpi()
         self.comm = comm
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
         config.setdefault("plan_order", "registration" if self.arena else "learned")
-        if find_unused_parameters:
-            config.setdefault("unused_policy", "zero")
         self.ddp = DDP(comm, layout=layout, **config)
-        triggers = set(id(p) for p in (allreduce_trigger_params or ()))
+        self.find_unused = bool(find_unused_parameters)
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self._buffers_due = True  # torch syncs buffers before the first forward too
+        self._sync = True
 
         if broadcast_parameters:
             with torch.no_grad():
-                tensors = [p.data for p in self._params]
-                tensors += [b.data for b in module.buffers()
-                            if b.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
-                tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-                self.ddp.broadcast(tensors, root=0, stream=self._stream())
+                params = [p.data if p.is_contiguous() else p.data.contiguous() for p in self._params]
+                self.ddp.broadcast(params, root=0, stream=self._stream())
+            self._sync_buffers()
+        self._register(allreduce_trigger_params)
+        self._install_hooks()
 
+    @staticmethod
+    def _trainable(module):
+        seen, params = set(), []
+        for p in module.parameters():  # tied weights appear once
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        if not params:
+            raise ValueError("libddp.torch: the module has no parameter that requires grad")
+        if any(p.is_cuda != params[0].is_cuda for p in params):
+            raise ValueError("libddp.torch: parameters must all be on CPU or all on CUDA")
+        for p in params:
+            dtype_code(p.dtype)  # raises for unsupported dtypes
+        return params
+
+    def _register(self, triggers):
+        dev = self._params[0].device
+        # find_unused_parameters: grad 0 is the usage map (1.0 where this rank used a parameter), reduced
+        # with the grads. Registered first, it is last in reverse registration order: marked ready at the
+        # end of backward, it holds back only the last bucket.
+        self._base = 1 if self.find_unused else 0
+        self._used = torch.zeros(len(self._params), dtype=torch.float32, device=dev) if self.find_unused else None
         # Copy layout: registration needs a pointer; one scratch buffer stands in for grads that do not
         # exist yet. Every grad's real storage is given to the library before it is reduced.
         big = max(p.numel() * p.element_size() for p in self._params)
-        self._scratch = torch.empty(big, dtype=torch.uint8, device=self._params[0].device)
+        self._scratch = torch.empty(big, dtype=torch.uint8, device=dev)
+        triggers = set(id(p) for p in (triggers or ()))
+        if self.find_unused:
+            self.ddp.register(None if self.arena else self._used, numel=len(self._params), dtype=torch.float32,
+                              device=self._cuda)
         for p in self._params:
             g = p.grad
             if self.arena:
@@ -111,6 +156,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self.arena:
             self._bind_views()
 
+    def _install_hooks(self):
         self._in_backward = False
         self._queued = False
         self._marked = [False] * len(self._params)
@@ -127,19 +173,43 @@ class DistributedDataParallel(torch.nn.Module):
     def _stream(self):
         return torch.cuda.current_stream().cuda_stream if self._cuda else None
 
+    def _sync_buffers(self):
+        """Copies rank 0's buffers (any dtype) to every rank. Collective."""
+        raws, back = [], []
+        with torch.no_grad():
+            for b in self.module.buffers():
+                nbytes = b.numel() * b.element_size()
+                if nbytes == 0:
+                    continue
+                t = b.data if b.is_contiguous() else b.data.contiguous()
+                if nbytes % 2:
+                    t = torch.cat([t.reshape(-1).view(torch.uint8), t.new_zeros(1, dtype=torch.uint8)])
+                if t.data_ptr() != b.data_ptr():
+                    back.append((b, t, nbytes))
+                raws.append(_raw(t))
+            if raws:
+                self.ddp.broadcast(raws, root=0, stream=self._stream())
+            for b, t, nbytes in back:
+                flat = t.reshape(-1).view(torch.uint8)[:nbytes]
+                b.data.copy_(flat.view(b.dtype).view(b.shape))
+
     def _bind_views(self):
-        """Arena: make every p.grad the library's view (moving current values in)."""
+        """Arena: make every existing p.grad the library's view (moving current values in). A .grad
+        that is None stays None until its parameter takes part in a backward pass, as in torch."""
         self._epoch = self.ddp.stats.layout_epoch
         with torch.no_grad():
+            if self.find_unused:
+                self._used = _view(self.ddp.grad_ptr(0), self._used)
             for i, p in enumerate(self._params):
                 old = self._views[i]
-                v = _view(self.ddp.grad_ptr(i), p)
+                v = _view(self.ddp.grad_ptr(self._base + i), p)
                 self._views[i] = v
                 g = p.grad
                 if old is not None and g is not None and g.data_ptr() == old.data_ptr():
                     pass  # the storage moved with its values; the old view is dangling now
                 elif g is None:
                     v.zero_()
+                    continue
                 elif g.data_ptr() != v.data_ptr():
                     v.copy_(g)
                 p.grad = v
@@ -158,6 +228,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _begin(self):
         if self.arena:
+            # Whether each .grad existed before the pass: a parameter no rank uses gets its None back.
+            self._had_grad = [p.grad is not None for p in self._params]
             for i in range(len(self._params)):
                 self._adopt_grad(i)
         self.ddp.begin_backward(self._stream())
@@ -176,17 +248,64 @@ class DistributedDataParallel(torch.nn.Module):
             p = self._params[i]
             if self.arena:
                 self._adopt_grad(i)
-                L.lib.ddp_grad_ready(self._h, i)
+                L.lib.ddp_grad_ready(self._h, self._base + i)
             else:
                 g = p.grad
                 if not g.is_contiguous():
                     g = p.grad = g.contiguous()
-                L.lib.ddp_grad_ready_ptr(self._h, i, g.data_ptr())
+                L.lib.ddp_grad_ready_ptr(self._h, self._base + i, g.data_ptr())
             self._marked[i] = True
         return hook
 
-    def _finish(self):
-        # Grads that never became ready are reduced as zeros (or reported): give them real storage.
+    def _mark_unused(self):
+        """find_unused_parameters: hands the library every unused grad (its current value, or zeros) and
+        the usage map. Returns, per unused parameter, what restores it if no rank used it."""
+        saved = {}
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                if self._marked[i]:
+                    continue
+                if self.arena:
+                    had = self._had_grad[i] and p.grad is not None
+                    saved[i] = (had, p.grad.detach().clone() if had else None)
+                    self._adopt_grad(i)
+                    L.lib.ddp_grad_ready(self._h, self._base + i)
+                else:
+                    had = p.grad is not None
+                    tmp = p.grad.detach().clone(memory_format=torch.contiguous_format) if had else torch.zeros_like(p)
+                    saved[i] = (had, tmp)
+                    L.lib.ddp_grad_ready_ptr(self._h, self._base + i, tmp.data_ptr())
+            self._used.copy_(torch.tensor(self._marked, dtype=torch.float32))
+        if self.arena:
+            L.lib.ddp_grad_ready(self._h, 0)
+        else:
+            L.lib.ddp_grad_ready_ptr(self._h, 0, self._used.data_ptr())
+        return saved
+
+    def _settle_unused(self, saved):
+        """After the reduction: used somewhere -> the reduced value; used nowhere -> .grad as it was."""
+        if not saved:
+            return
+        used = (self._used > 0).tolist()
+        with torch.no_grad():
+            for i, (had, value) in saved.items():
+                p = self._params[i]
+                if used[i]:
+                    if not self.arena:
+                        if had:
+                            p.grad.copy_(value)
+                        else:
+                            p.grad = value
+                elif self.arena:
+                    if had:
+                        self._views[i].copy_(value)
+                    else:
+                        p.grad = None  # the next backward adopts the view again, zeroed
+                # copy layout, used nowhere: the library reduced a copy; .grad is untouched
+
+    def _give_storage_to_unused(self):
+        """Without find_unused_parameters: grads that never became ready are reduced as zeros and then
+        reported by the library; they still need real storage."""
         for i, p in enumerate(self._params):
             if self._marked[i]:
                 continue
@@ -197,17 +316,33 @@ class DistributedDataParallel(torch.nn.Module):
                     p.grad = torch.zeros_like(p)
                 elif not p.grad.is_contiguous():
                     p.grad = p.grad.contiguous()
-                L.lib.ddp_set_grad_ptr(self._h, i, p.grad.data_ptr())
+                L.lib.ddp_set_grad_ptr(self._h, self._base + i, p.grad.data_ptr())
+
+    def _finish(self):
+        saved = {}
+        if not self._sync:
+            pass  # no_sync: the library only records marks; nothing is reduced
+        elif self.find_unused:
+            saved = self._mark_unused()
+        else:
+            self._give_storage_to_unused()
         self._in_backward = False
         self.ddp.finish_backward(self._stream())
         if self.arena and self.ddp.stats.layout_epoch != self._epoch:
             self._bind_views()
+        self._settle_unused(saved)
 
     # -- the module ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and not self._in_backward:
+        if self.broadcast_buffers and self._buffers_due:
+            self._sync_buffers()
+        training = torch.is_grad_enabled()
+        if training and not self._in_backward:
             self._begin()
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        # torch: buffers are synced before the next forward only after a training forward with sync on.
+        self._buffers_due = training and self._sync
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -215,11 +350,13 @@ class DistributedDataParallel(torch.nn.Module):
         if self._in_backward:
             raise RuntimeError("libddp.torch: no_sync() must be entered before the forward pass")
         self.ddp.set_sync(False)
+        self._sync = False
         try:
             yield
         finally:
             if not self.ddp.closed and not self._in_backward:
                 self.ddp.set_sync(True)
+                self._sync = True
 
     @property
     def stats(self):

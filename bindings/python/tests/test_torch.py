@@ -41,7 +41,11 @@ def test_unused_parameters():
     with libddp.Comm.self() as c:
         model = ltorch.DistributedDataParallel(m, c, find_unused_parameters=True)
         model.module[0](torch.randn(2, 5)).sum().backward()  # the last layer is unused
-        assert torch.count_nonzero(m[2].weight.grad) == 0
+        assert m[2].weight.grad is None and m[2].bias.grad is None  # as torch DDP: untouched
+        assert m[0].weight.grad is not None
+        m[2].weight.grad = torch.ones_like(m[2].weight)  # an existing grad of an unused param stays as it is
+        model.module[0](torch.randn(2, 5)).sum().backward()
+        assert torch.equal(m[2].weight.grad, torch.ones_like(m[2].weight))
         model.close()
         strict = ltorch.DistributedDataParallel(make(), c)
         with pytest.raises(libddp.InvalidStateError, match="never marked ready"):

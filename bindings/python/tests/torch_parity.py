@@ -79,10 +79,82 @@ def run(layout, predivide, set_to_none, plan_order=None):
             "max_rel_param": pdiff, "local_vs_reduced": local_diff, "buckets": buckets, "iterations": iters}
 
 
+class RealNet(torch.nn.Module):
+    """What real models have: tied weights (embedding and output), BatchNorm buffers, a branch no rank
+    uses, a branch only rank 0 uses, and one used every other step."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+        self.norm = torch.nn.BatchNorm1d(6)
+        self.hidden = torch.nn.Linear(6, 6)
+        self.never = torch.nn.Linear(6, 6)       # used by no rank
+        self.rank0_only = torch.nn.Linear(6, 6)  # used by rank 0 alone
+        self.odd_steps = torch.nn.Linear(6, 6)   # used on odd steps
+        self.out = torch.nn.Linear(6, 11, bias=False)
+        self.out.weight = self.emb.weight        # tied
+
+    def forward(self, tokens, step):
+        h = self.norm(self.emb(tokens))
+        h = torch.tanh(self.hidden(h))
+        if rank == 0:
+            h = h + self.rank0_only(h)
+        if step % 2:
+            h = h + self.odd_steps(h)
+        return self.out(h)
+
+
+def run_real(layout, set_to_none, opt_name, plan_order=None):
+    torch.manual_seed(0)
+    ref_model = RealNet()
+    our_model = copy.deepcopy(ref_model)
+    our_model.out.weight = our_model.emb.weight
+    # rank-dependent buffers before the first step: only the broadcasts make them agree
+    for m in (ref_model, our_model):
+        m.norm.running_mean.add_(float(rank))
+    ref = torch.nn.parallel.DistributedDataParallel(ref_model, find_unused_parameters=True)
+    extra = {"plan_order": plan_order} if plan_order else {}
+    ours = ltorch.DistributedDataParallel(our_model, comm, layout=layout, message_size=50,
+                                          find_unused_parameters=True, **extra)
+    make = {"adam": lambda p: torch.optim.Adam(p, lr=0.01),
+            "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)}[opt_name]
+    opt_ref, opt_ours = make(ref.parameters()), make(ours.parameters())
+    worst = 0.0
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(7 * step + rank)
+        tokens, target = torch.randint(0, 11, (8,), generator=g), torch.randn(8, 11, generator=g)
+        for model, opt in ((ref, opt_ref), (ours, opt_ours)):
+            opt.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.mse_loss(model(tokens, step), target).backward()
+        for (name, pr), po in zip(ref_model.named_parameters(), our_model.parameters()):
+            if (pr.grad is None) != (po.grad is None):
+                print("rank %d: %s: grad is None in one model only (step %d; torch: %s)" % (rank, name, step, "None" if pr.grad is None else "set"), flush=True)
+                worst = float("inf")
+            elif pr.grad is not None:
+                worst = max(worst, rel(po.grad, pr.grad))
+        opt_ref.step()
+        opt_ours.step()
+    pdiff = max(rel(a.data, b.data) for a, b in zip(our_model.parameters(), ref_model.parameters()))
+    bdiff = max(rel(a.float(), b.float()) for a, b in zip(our_model.buffers(), ref_model.buffers()))
+    never_moved = torch.equal(our_model.never.weight, ref_model.never.weight)
+    iters = ours.stats.iterations
+    ours.close()
+    return {"layout": layout, "plan": plan_order or "default", "set_to_none": set_to_none, "opt": opt_name,
+            "max_rel_grad": worst, "max_rel_param": pdiff, "max_rel_buffer": bdiff, "never_moved": never_moved,
+            "iterations": iters}
+
+
+real = [run_real(layout, stn, opt) for layout in ("copy", "arena") for stn, opt in ((True, "adam"), (False, "sgd"))]
+real.append(run_real("arena", True, "adam", "learned"))
+real.append(run_real("copy", True, "adam", "registration"))
+real_ok = all(r["max_rel_grad"] <= TOL and r["max_rel_param"] <= TOL and r["max_rel_buffer"] <= TOL
+              and r["never_moved"] and r["iterations"] == STEPS for r in real)
+print("rank %d: real models: %s" % (rank, json.dumps(real)), flush=True)
+
 results = [run(layout, f, stn) for layout in ("copy", "arena") for f, stn in ((1.0, True), (float(world), False))]
 results.append(run("arena", float(world), True, "learned"))  # the arena moves once, after the first backward
 ok = all(r["max_rel_grad"] <= TOL and r["max_rel_param"] <= TOL and r["iterations"] == STEPS
-         and (world == 1 or r["local_vs_reduced"] > 1e-3) and r["buckets"] >= 2 for r in results)
+         and (world == 1 or r["local_vs_reduced"] > 1e-3) and r["buckets"] >= 2 for r in results) and real_ok
 print("rank %d: %s" % (rank, json.dumps(results)), flush=True)
 comm.close()
 dist.destroy_process_group()
