@@ -25,7 +25,7 @@ import torch
 from . import _lib as L
 from .core import DDP, Comm, dtype_code
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "default_comm"]
 
 
 class _CudaView:
@@ -71,10 +71,26 @@ def _raw(t):
     raise ValueError("odd byte count")
 
 
+def default_comm(device):
+    """The communicator for parameters on `device`: MPI for CPU memory; NCCL for CUDA memory, its id made
+    on rank 0 and sent through torch.distributed when that is initialized (torchrun, no MPI needed),
+    through MPI otherwise."""
+    if device.type != "cuda":
+        return Comm.mpi()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        box = [bytes(Comm.nccl_unique_id()) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return Comm.nccl(box[0], dist.get_world_size(), dist.get_rank(), index)
+    return Comm.nccl_mpi(index)
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters' grads are reduced across the ranks of `comm` in every backward pass.
 
-    comm: a libddp.Comm (default: Comm.mpi() for CPU parameters, Comm.nccl_mpi(device) for CUDA ones).
+    comm: a libddp.Comm (default: default_comm(device of the parameters): MPI for CPU parameters; NCCL for
+    CUDA ones, bootstrapped through torch.distributed when it is initialized, as under torchrun).
     layout: "copy" (grads stay torch's own tensors) or "arena" (p.grad become views into the library's
     bucket buffers: zero copies; apex retain_allreduce_buffers / torch gradient_as_bucket_view).
     find_unused_parameters: parameters that get no grad in a backward pass are allowed (see the module's
@@ -91,9 +107,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.module = module
         self._params = self._trainable(module)
         self._cuda = self._params[0].is_cuda
-        if comm is None:
-            comm = Comm.nccl_mpi(self._params[0].device.index or 0) if self._cuda else Comm.mpi()
-        self.comm = comm
+        self.comm = comm if comm is not None else default_comm(self._params[0].device)
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
         config.setdefault("plan_order", "registration" if self.arena else "learned")
         self.ddp = DDP(comm, layout=layout, **config)

@@ -70,3 +70,25 @@ def test_torch_not_imported_by_the_package():
     out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, env=dict(__import__("os").environ,
                          PYTHONPATH=PKG), check=True).stdout.decode().strip()
     assert out == "False"
+
+
+def test_default_comm_bootstraps_nccl_through_torch_distributed(monkeypatch):
+    """Under torchrun (torch.distributed initialized, no MPI) the NCCL id travels through torch.distributed.
+    No GPU here: Comm.nccl and the id are stand-ins that record what they were given."""
+    import socket
+    import torch.distributed as dist
+
+    made = {}
+    monkeypatch.setattr(libddp.Comm, "nccl_unique_id", staticmethod(lambda: b"\x07" * 128))
+    monkeypatch.setattr(libddp.Comm, "nccl", classmethod(lambda cls, uid, n, r, d: made.update(
+        uid=uid, nranks=n, rank=r, device=d) or "nccl-comm"))
+    monkeypatch.setattr(libddp.Comm, "nccl_mpi", classmethod(lambda cls, d: pytest.fail("MPI used under torchrun")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    try:
+        assert ltorch.default_comm(torch.device("cuda", 3)) == "nccl-comm"
+    finally:
+        dist.destroy_process_group()
+    assert made == {"uid": b"\x07" * 128, "nranks": 1, "rank": 0, "device": 3}
