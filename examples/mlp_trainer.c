@@ -530,9 +530,9 @@ int main(int argc, char** argv) {
               t.rank, step, mine[1], all[1]);
       exit(1);
     }
-    /* Every rank prints its loss (the same value); rank 0's checks above make sure of it. */
-    if (!opt.quiet || step == 0 || step == opt.steps - 1)
-      printf("rank %d step %3d  loss %.6f  (%.0f ms)\n", t.rank, step, loss, 1e3 * steps_s[step]);
+    /* Rank 0 reports progress; the other ranks speak only when they disagree (checked above). */
+    if (t.rank == 0 && (!opt.quiet || step == 0 || step == opt.steps - 1))
+      printf("step %3d/%d  loss %.6f  (%.0f ms)\n", step + 1, opt.steps, loss, 1e3 * steps_s[step]);
     if (step == 0) first_loss = loss;
     last_loss = loss;
   }
