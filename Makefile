@@ -16,6 +16,7 @@ CXX       ?= g++
 CC        ?= cc
 NP_LIST   ?= 1 2 3 4
 
+space := $(subst ,, )
 MAJOR := $(shell sed -n 's/^\#define DDP_VERSION_MAJOR \([0-9]*\)/\1/p' include/ddp.h)
 MINOR := $(shell sed -n 's/^\#define DDP_VERSION_MINOR \([0-9]*\)/\1/p' include/ddp.h)
 PATCH := $(shell sed -n 's/^\#define DDP_VERSION_PATCH \([0-9]*\)/\1/p' include/ddp.h)
@@ -129,9 +130,9 @@ $(C99_BIN): tests/c99/c99_api.c include/ddp.h $(SHARED)
 	$(Q)$(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(SAN)
 
-SUITES += unit c99 exports layers functions mpi
+SUITES += unit c99 exports layers functions install mpi
 
-.PHONY: suite-unit suite-c99 suite-exports suite-layers suite-functions suite-mpi
+.PHONY: suite-unit suite-c99 suite-exports suite-layers suite-functions suite-install suite-mpi
 suite-unit: $(UNIT_BIN)
 	$(Q)$(UNIT_BIN) --no-version
 
@@ -143,6 +144,10 @@ suite-exports: $(SHARED)
 
 suite-layers:
 	$(Q)tests/check_layers.sh lib
+
+# make install, then consumers of the installed package (CMake, pkg-config).
+suite-install: lib
+	$(Q)tests/install/run.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(abspath $(BUILD))/install-test
 
 # No function in lib/ over about 60 lines.
 suite-functions:
@@ -170,6 +175,11 @@ install: lib
 	$(Q)install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libddp.a
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
 	  -e 's|@LIBS_PRIVATE@|$(LIB_LDLIBS)|' lib/libddp.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libddp.pc
+	$(Q)install -d $(DESTDIR)$(PREFIX)/lib/cmake/libddp
+	$(Q)for f in libddp-config libddp-config-version; do \
+	  sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
+	    -e 's|@LIBS_PRIVATE_LIST@|$(subst $(space),;,$(strip $(LIB_LDLIBS)))|' lib/$$f.cmake.in \
+	    > $(DESTDIR)$(PREFIX)/lib/cmake/libddp/$$f.cmake; done
 	@echo "installed libddp $(VERSION) under $(DESTDIR)$(PREFIX)"
 
 # The house style (.clang-format) over every C, C++ and CUDA source that git tracks.
