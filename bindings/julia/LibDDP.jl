@@ -26,6 +26,11 @@ const ERR_TIMEOUT = 9
 const ERR_ABORTED = 10
 const ERR_INTERNAL = 11
 
+const VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
+const VERSION_CODE = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
+const CONFIG_MAGIC = 0xDD9C0F16
+const CONFIG_VERSION = 2
+
 const F16, BF16, F32, F64 = Cint(0), Cint(1), Cint(2), Cint(3)
 dtype_of(::Type{Float16}) = F16
 dtype_of(::Type{Float32}) = F32
@@ -37,7 +42,7 @@ const SYMS = Dict{Symbol,Ptr{Cvoid}}()
 const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_init_mpi, :ddp_comm_init_self,
                    :ddp_local_group_create, :ddp_comm_init_local, :ddp_local_group_destroy, :ddp_nccl_get_unique_id,
                    :ddp_comm_init_nccl, :ddp_comm_init_nccl_mpi, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
-                   :ddp_comm_destroy, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
+                   :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
                    :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
                    :ddp_get_bucket, :ddp_destroy)
@@ -90,6 +95,7 @@ mutable struct Config
     timeline_path::Ptr{UInt8}
     check_finite::Cint
     inplace_min_numel::Csize_t
+    host_piece_bytes::Csize_t  # version 2
     Config() = new()
 end
 
@@ -110,6 +116,7 @@ struct Stats
 end
 
 struct BucketInfo
+    size::Csize_t
     dtype::Cint
     wire::Cint
     numel::Csize_t
@@ -192,7 +199,8 @@ A context over `comm`; keywords are ddp_config_t fields. Collective.
 """
 function DDP(comm::Comm; timeline_path::Union{Nothing,AbstractString}=nothing, kw...)
     cfg = Config()
-    check(ccall(sym(:ddp_config_init), Cint, (Ref{Config},), cfg))
+    # the sized call with our own struct size: the unsized symbol writes version 1 only
+    check(ccall(sym(:ddp_config_init_sized), Cint, (Ref{Config}, Csize_t), cfg, sizeof(Config)))
     for (k, v) in kw
         k in fieldnames(Config)[4:end] || throw(ArgumentError("LibDDP.DDP: unknown config key $k"))
         if haskey(ENUMS, k) && v isa Symbol
@@ -285,7 +293,7 @@ function plan(d::DDP)
     check(ccall(sym(:ddp_get_plan), Cint, (Ptr{Cvoid}, Ref{Cint}, Ref{Cint}), h, n, learned))
     out = Tuple{BucketInfo,Vector{Int}}[]
     for b in 0:n[]-1
-        info = Ref(BucketInfo(0, 0, 0, 0, 0))
+        info = Ref(BucketInfo(sizeof(BucketInfo), 0, 0, 0, 0, 0))
         grads = zeros(Cint, max(length(d.shapes), 1))
         check(ccall(sym(:ddp_get_bucket), Cint, (Ptr{Cvoid}, Cint, Ref{BucketInfo}, Ptr{Cint}, Csize_t),
                     h, b, info, grads, length(grads)))

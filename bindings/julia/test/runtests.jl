@@ -28,7 +28,7 @@ function throws_status(f, status)
 end
 
 t("version") do
-    @assert LibDDP.version() == 100
+    @assert LibDDP.version() == LibDDP.VERSION_CODE
     @assert LibDDP.status_string(3) == "ranks disagree"
 end
 

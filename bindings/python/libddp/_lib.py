@@ -30,7 +30,9 @@ DDP_PLAN_LEARNED, DDP_PLAN_REGISTRATION = 0, 1
 DDP_UNUSED_ERROR, DDP_UNUSED_ZERO = 0, 1
 DDP_GRAD_TRIGGER = 1
 DDP_CONFIG_MAGIC = 0xDD9C0F16
-DDP_CONFIG_VERSION = 1
+DDP_CONFIG_VERSION = 2
+DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH = 0, 2, 0
+DDP_VERSION_CODE = DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH
 
 
 class ddp_nccl_id_t(ctypes.Structure):
@@ -56,7 +58,12 @@ class ddp_config_t(ctypes.Structure):
         ("timeline_path", ctypes.c_char_p),
         ("check_finite", ctypes.c_int),
         ("inplace_min_numel", ctypes.c_size_t),
+        ("host_piece_bytes", ctypes.c_size_t),  # version 2
     ]
+
+
+# The first version of ddp_config_t ends after inplace_min_numel: the smallest size the library accepts.
+DDP_CONFIG_V1_SIZE = ddp_config_t.inplace_min_numel.offset + ctypes.sizeof(ctypes.c_size_t)
 
 
 class ddp_stats_t(ctypes.Structure):
@@ -79,6 +86,7 @@ class ddp_stats_t(ctypes.Structure):
 
 class ddp_bucket_info_t(ctypes.Structure):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("dtype", ddp_dtype_t),
         ("wire", ddp_dtype_t),
         ("numel", ctypes.c_size_t),
@@ -116,6 +124,7 @@ FUNCTIONS = {
     "ddp_comm_rank": (ddp_status_t, [ddp_comm_t, _P(_int)]),
     "ddp_comm_size": (ddp_status_t, [ddp_comm_t, _P(_int)]),
     "ddp_comm_destroy": (ddp_status_t, [ddp_comm_t]),
+    "ddp_config_init_sized": (ddp_status_t, [_P(ddp_config_t), ctypes.c_size_t]),
     "ddp_config_init": (ddp_status_t, [_P(ddp_config_t)]),
     "ddp_create": (ddp_status_t, [ddp_comm_t, _P(ddp_config_t), _P(ddp_t)]),
     "ddp_register_grad": (ddp_status_t, [ddp_t, _vp, ctypes.c_size_t, ddp_dtype_t, ctypes.c_uint, _P(_int)]),

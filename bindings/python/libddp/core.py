@@ -223,7 +223,8 @@ def make_config(**config):
     """A ddp_config_t from keyword arguments named as its fields (layout='arena', plan_order='registration',
     unused_policy='zero', stream_comms=[Comm, ...], timeline_path='t.json', ...). Returns (config, keepalive)."""
     c = L.ddp_config_t()
-    L.lib.ddp_config_init(ctypes.byref(c))
+    # the sized call with our own struct size: the unsized symbol writes version 1 only
+    L.lib.ddp_config_init_sized(ctypes.byref(c), ctypes.sizeof(c))
     keep = []
     for key, value in config.items():
         if key not in CONFIG_KEYS:
@@ -408,6 +409,7 @@ class DDP(_Handle):
         cap = max(len(self._grads), 1)
         for b in range(nb.value):
             info = L.ddp_bucket_info_t()
+            info.size = ctypes.sizeof(info)
             grads = (ctypes.c_int * cap)()
             L.lib.ddp_get_bucket(h, b, ctypes.byref(info), grads, cap)
             buckets.append(Bucket(DTYPE_NAMES.get(info.dtype, info.dtype), DTYPE_NAMES.get(info.wire, info.wire),

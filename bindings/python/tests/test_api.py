@@ -9,7 +9,7 @@ from libddp import DDP, Comm
 
 
 def test_version_and_library_path():
-    assert libddp.version() == 100
+    assert libddp.version() == libddp._lib.DDP_VERSION_CODE
     assert libddp.library_path.endswith(("libddp.so.0", "libddp.so"))
 
 
@@ -163,11 +163,11 @@ def test_library_found_next_to_the_package_and_on_the_search_path(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LIBDDP_PATH", "LD_LIBRARY_PATH")}
     out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, check=True, cwd=str(tmp_path),
                          env=dict(env, PYTHONPATH=str(tmp_path / "next"))).stdout.decode().split()
-    assert out == [str(tmp_path / "next" / "libddp" / "libddp.so.0"), "100"]
+    assert out == [str(tmp_path / "next" / "libddp" / "libddp.so.0"), str(libddp._lib.DDP_VERSION_CODE)]
     out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, check=True, cwd=str(tmp_path),
                          env=dict(env, PYTHONPATH=str(tmp_path / "sys"), LD_LIBRARY_PATH=os.path.dirname(lib))
                          ).stdout.decode().split()
-    assert out[1] == "100"
+    assert out[1] == str(libddp._lib.DDP_VERSION_CODE)
     bad = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                          env=dict(env, PYTHONPATH=str(tmp_path / "sys"), LIBDDP_PATH=str(tmp_path / "nothing.so")))
     assert bad.returncode != 0 and b"set LIBDDP_PATH" in bad.stdout

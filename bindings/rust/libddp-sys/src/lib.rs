@@ -31,7 +31,14 @@ pub const DDP_UNUSED_ERROR: c_int = 0;
 pub const DDP_UNUSED_ZERO: c_int = 1;
 pub const DDP_GRAD_TRIGGER: c_uint = 1;
 pub const DDP_CONFIG_MAGIC: u32 = 0xDD9C0F16;
-pub const DDP_CONFIG_VERSION: u32 = 1;
+pub const DDP_CONFIG_VERSION: u32 = 2;
+pub const DDP_VERSION_MAJOR: c_int = 0;
+pub const DDP_VERSION_MINOR: c_int = 2;
+pub const DDP_VERSION_PATCH: c_int = 0;
+pub const DDP_VERSION_CODE: c_int = DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH;
+/// The first version of ddp_config_t ends after inplace_min_numel: the smallest size accepted.
+pub const DDP_CONFIG_V1_SIZE: usize =
+    std::mem::offset_of!(ddp_config_t, inplace_min_numel) + std::mem::size_of::<usize>();
 
 #[repr(C)]
 pub struct ddp_comm {
@@ -75,6 +82,8 @@ pub struct ddp_config_t {
     pub timeline_path: *const c_char,
     pub check_finite: c_int,
     pub inplace_min_numel: usize,
+    // version 2
+    pub host_piece_bytes: usize,
 }
 
 #[repr(C)]
@@ -98,6 +107,7 @@ pub struct ddp_stats_t {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct ddp_bucket_info_t {
+    pub size: usize,
     pub dtype: ddp_dtype_t,
     pub wire: ddp_dtype_t,
     pub numel: usize,
@@ -122,6 +132,8 @@ extern "C" {
     pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
     pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;
     pub fn ddp_comm_destroy(comm: ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_config_init_sized(config: *mut ddp_config_t, size: usize) -> ddp_status_t;
+    /// The 0.1 symbol: writes the first version's fields only. Call ddp_config_init_sized instead.
     pub fn ddp_config_init(config: *mut ddp_config_t) -> ddp_status_t;
     pub fn ddp_create(comm: ddp_comm_t, config: *const ddp_config_t, ddp: *mut ddp_t) -> ddp_status_t;
     pub fn ddp_register_grad(ddp: ddp_t, grad: *mut c_void, numel: usize, dtype: ddp_dtype_t, flags: c_uint,

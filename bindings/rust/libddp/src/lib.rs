@@ -135,6 +135,8 @@ pub struct Config {
     pub timeline_path: Option<String>,
     pub check_finite: bool,
     pub inplace_min_numel: usize,
+    /// Host memory: bytes per collective piece; 0 lets the library choose, else at least 4096.
+    pub host_piece_bytes: usize,
 }
 
 impl Default for Config {
@@ -153,6 +155,7 @@ impl Default for Config {
             timeline_path: None,
             check_finite: false,
             inplace_min_numel: 0,
+            host_piece_bytes: 0,
         }
     }
 }
@@ -169,7 +172,7 @@ impl<'g> Ddp<'g> {
     /// Makes a context over `comm` (duplicated: `comm` may be dropped afterwards). Collective.
     pub fn new(comm: &Comm, config: &Config) -> Result<Ddp<'g>> {
         let mut c = std::mem::MaybeUninit::<sys::ddp_config_t>::uninit();
-        check(unsafe { sys::ddp_config_init(c.as_mut_ptr()) })?;
+        check(unsafe { sys::ddp_config_init_sized(c.as_mut_ptr(), std::mem::size_of::<sys::ddp_config_t>()) })?;
         let mut c = unsafe { c.assume_init() };
         c.message_size = config.message_size;
         c.delay_allreduce = config.delay_allreduce as c_int;
@@ -183,6 +186,7 @@ impl<'g> Ddp<'g> {
         c.unused_policy = if config.unused_zero { sys::DDP_UNUSED_ZERO } else { sys::DDP_UNUSED_ERROR };
         c.check_finite = config.check_finite as c_int;
         c.inplace_min_numel = config.inplace_min_numel;
+        c.host_piece_bytes = config.host_piece_bytes;
         let path = match &config.timeline_path {
             Some(p) => Some(CString::new(p.as_str()).map_err(|_| Error {
                 status: sys::DDP_ERR_INVALID_ARGUMENT,
@@ -279,7 +283,8 @@ impl<'g> Ddp<'g> {
         check(unsafe { sys::ddp_get_plan(self.raw, &mut n, &mut learned) })?;
         let mut out = Vec::new();
         for b in 0..n {
-            let mut info = sys::ddp_bucket_info_t::default();
+            let mut info =
+                sys::ddp_bucket_info_t { size: std::mem::size_of::<sys::ddp_bucket_info_t>(), ..Default::default() };
             check(unsafe { sys::ddp_get_bucket(self.raw, b, &mut info, ptr::null_mut(), 0) })?;
             let mut grads = vec![0 as c_int; info.num_grads as usize];
             check(unsafe { sys::ddp_get_bucket(self.raw, b, &mut info, grads.as_mut_ptr(), grads.len()) })?;

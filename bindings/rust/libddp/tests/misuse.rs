@@ -28,5 +28,5 @@ fn misuse_returns_err_with_status() {
     let e = Ddp::new(&comm, &bad).err().expect("negative predivide must fail");
     assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT);
     assert!(format!("{e}").contains("invalid argument"));
-    assert_eq!(libddp::version(), 100);
+    assert_eq!(libddp::version(), sys::DDP_VERSION_CODE);
 }
