@@ -21,7 +21,7 @@ class InlineStream final : public Stream {
   void reserve(size_t) override {}
   void submit(Task* t) override { t->run(); }
   void drain(Deadline) override {}
-  bool synchronous() const override { return false; }
+  bool runs_inline() const override { return true; }
   void* native() override { return nullptr; }
   void poll_error() override {}
   void cancel() override {}
@@ -36,13 +36,18 @@ class RecordingDevice final : public Device {
   std::unique_ptr<Stream> make_stream(int) override { return std::unique_ptr<Stream>(new InlineStream()); }
   void stream_wait_user(Stream&, void*) override { g_log.push_back("wait"); }
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
-  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
+  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
+  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Span, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
   void scale(void*, size_t, Dtype, double s, Stream&) override {
     if (s != 1.0) g_log.push_back("scale");
   }
   void fill_zero(void*, size_t, Dtype, Stream&) override { g_log.push_back("zero"); }
-  bool has_nonfinite(const void*, size_t, Dtype, Stream&) override { return false; }
+  void reserve_flags(size_t) override {}
+  void scan_nonfinite(const void*, size_t, Dtype, size_t slot, Stream&) override { g_log.push_back("scan" + std::to_string(slot)); }
+  bool take_nonfinite(size_t slot, Stream&) override {
+    g_log.push_back("take" + std::to_string(slot));
+    return false;
+  }
 };
 
 class RecordingComm final : public Comm {
@@ -54,6 +59,7 @@ class RecordingComm final : public Comm {
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
   bool supports_wire(Dtype) const override { return true; }
   bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
+  bool can_group() const override { return true; }
   void allreduce(void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
     g_log.push_back("ar" + std::to_string(n) + (red.op == RedOp::Avg ? "avg" : red.op == RedOp::PreMulSum ? "pre" : "sum"));
   }
