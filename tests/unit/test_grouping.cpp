@@ -4,6 +4,7 @@
 // buckets always leave in plan order.
 #include <doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,11 +21,12 @@ class InlineStream final : public Stream {
  public:
   void reserve(size_t) override {}
   void submit(Task* t) override { t->run(); }
-  void drain(Deadline) override {}
+  void drain(Deadline) override { g_log.push_back("drain"); }
   bool runs_inline() const override { return true; }
   void* native() override { return nullptr; }
   void poll_error() override {}
   void cancel() override {}
+  void set_task_timeout(int64_t) override {}
 };
 
 class RecordingDevice final : public Device {
@@ -78,7 +80,7 @@ struct Rig {
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
   std::unique_ptr<Reducer> reducer;
-  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0) {
+  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0, bool check_finite = false) {
     for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, Dtype::F32, 0});
     bufs.assign(4, std::vector<float>(100));
     ReducerEnv env;
@@ -92,6 +94,7 @@ struct Rig {
     env.arena = arena;
     env.predivide = predivide;
     env.inplace_min_numel = inplace;
+    env.check_finite = check_finite;
     env.counters = &counters;
     reducer.reset(new Reducer(env, specs));
     std::vector<void*> ptrs;
@@ -144,4 +147,23 @@ TEST_CASE("GPU streams: in-place large grads join the bucket's group, never a ne
   g_log.clear();
   rig.reducer->launch_rest();  // the rest leave together, unused grads as zeros
   CHECK(g_log == L({"wait", "zero", "wait", "zero", "wait", "zero", "gs", "ar100avg", "ar100avg", "ar100avg", "ge"}));
+}
+
+TEST_CASE("check_finite: the hook only enqueues scans; the flags are read once, at finish") {
+  for (bool arena : {false, true}) {
+    CAPTURE(arena);
+    Rig rig(arena, 2, 0, 1.0, true);
+    for (int g = 3; g >= 0; --g) rig.reducer->mark_ready(g, true, 0);
+    // Inside the hook: one scan per bucket into its own flag, and nothing that waits.
+    std::vector<std::string> hook = g_log;
+    for (const std::string& e : hook) {
+      CHECK(e != "drain");
+      CHECK(e.compare(0, 4, "take") != 0);
+    }
+    for (const char* scan : {"scan0", "scan1", "scan2", "scan3"})
+      CHECK(std::count(hook.begin(), hook.end(), std::string(scan)) == 1);
+    g_log.clear();
+    rig.reducer->finish(nullptr, Deadline::never());
+    CHECK(g_log == L({"take0", "take1", "take2", "take3"}));
+  }
 }
