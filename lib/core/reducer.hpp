@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -94,6 +95,14 @@ class Reducer {
   void stage_in(int b);
   void collectives(int b, bool own_group);
   void stage_out(int b);
+  // Host comms that cut pieces: the whole bucket piece by piece, every pass fused into the pieces.
+  void pipeline(int b);
+  void reduce_in_place(int b, void* p, size_t n);
+  void scan(int b, const void* p, size_t n);
+  void scan_packed(int b, Span span, size_t* cursor);
+  void account(int b);
+  std::string where(int b) const;
+  std::string stuck(int stream) const;
   void set_zero(int g, bool zero);
 
   ReducerEnv env_;
@@ -109,7 +118,7 @@ class Reducer {
   int next_ = 0;                  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
   uint64_t iteration_ = 0;
-  std::atomic<bool> keep_buffers_{false};  // a collective timed out: it may still write to the buffers
+  bool can_group_ = false;  // several buckets' collectives can be issued as one group
   Reduction red_;
   double pre_ = 1.0, post_ = 1.0;
 };

@@ -9,6 +9,9 @@
 //   unused     ranks leave different grads unused, under both unused policies
 //   nonfinite  NaN and Inf travel through unchanged; check_finite counts their buckets
 //   threads    grads marked ready from several threads at once give the results of one thread
+//   blocked    the last rank SIGKILLs itself while the others' workers sit in a blocking collective
+//              with it (run with --enable-recovery): the survivors' finish keeps the deadline, the
+//              worker is left behind, and destroy and exit() do not wait for it
 //
 // Every check prints one line "RESULT <check> ok|FAIL <detail>" (from every surviving rank, or from
 // rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
@@ -200,6 +203,71 @@ int run_fault(Fault fault, const char* name) {
   if (fault != Fault::Stall) _exit(0);
   MPI_Barrier(MPI_COMM_WORLD);
   return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A worker blocked for good in a dead peer's collective: finish returns at the deadline, destroy at
+// once, and the process leaves through exit() (static destructors, atexit) with the worker still in
+// MPI_Allreduce. One grad of 8M f32: the survivor's worker is inside the collective when the peer dies.
+// ---------------------------------------------------------------------------------------------
+
+int threads_now() {
+  int n = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+    std::fclose(f);
+  }
+  return n;
+}
+
+void run_blocked() {
+  const int victim = g_world - 1;
+  ddp_config_t cfg = base_config();
+  cfg.layout = DDP_LAYOUT_ARENA;
+  cfg.num_streams = 1;
+  ddp_t d = nullptr;
+  int index = -1;
+  const size_t n = size_t(8) << 20;
+  ddp_status_t s = ddp_create(g_comm, &cfg, &d);
+  if (!s) s = ddp_register_grad(d, nullptr, n, DDP_F32, 0, &index);
+  if (!s) s = ddp_commit(d);
+  for (int it = 0; !s && it < 2; ++it) {
+    ddp_begin_backward(d, nullptr);
+    ddp_grad_ready(d, index);
+    s = ddp_finish_backward(d, nullptr);
+  }
+  if (s) {
+    result("blocked", false, "warm-up: " + status_text(s));
+    std::exit(1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == victim) {
+    usleep(300 * 1000);  // the survivors are inside the collective by now
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  ddp_begin_backward(d, nullptr);
+  const double t0 = now_ms();
+  ddp_grad_ready(d, index);
+  s = ddp_finish_backward(d, nullptr);
+  const double took = now_ms() - t0;
+  char b[200];
+  std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
+  result("blocked", s == DDP_ERR_TIMEOUT && took <= g_timeout_ms + 1000.0, b + status_text(s));
+  const int before = threads_now();
+  const double t1 = now_ms();
+  ddp_destroy(d);
+  const double dt = now_ms() - t1;
+  const int after = threads_now();
+  // The written-off worker outlives the context: one thread fewer would mean it was joined.
+  std::snprintf(b, sizeof b, "ddp_destroy took %.0f ms; threads %d before, %d after (the blocked worker left behind)", dt,
+                before, after);
+  result("blocked-destroy", dt < 100 && after == before, b);
+  done();
+  std::fflush(stdout);
+  std::exit(0);  // not _exit: static destructors and atexit run with the worker still blocked
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,7 +515,7 @@ void run_threads() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads [seed] [timeout_ms]\n");
+    std::fprintf(stderr, "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked [seed] [timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -470,6 +538,7 @@ int main(int argc, char** argv) {
   else if (scenario == "unused") run_unused();
   else if (scenario == "nonfinite") run_nonfinite();
   else if (scenario == "threads") run_threads();
+  else if (scenario == "blocked") run_blocked();
   else {
     result(scenario, false, "unknown scenario");
     rc = 2;

@@ -16,6 +16,7 @@ scenarios=(
   "unused    3 3 60 "
   "nonfinite 2 2 60 "
   "threads   2 2 90 "
+  "blocked   2 1 $((T / 1000 + 20)) --enable-recovery"
 )
 for line in "${scenarios[@]}"; do
   read -r name np want bound flags <<<"$line"

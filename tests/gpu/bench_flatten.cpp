@@ -102,16 +102,16 @@ int main() {
                       BENCH_CUDA(cudaMemcpyAsync(copy, flat, bytes, cudaMemcpyDeviceToDevice, s));
                     })});
     rows.push_back({"flatten, plain (CUB batched)", time_ms(s, reps, [&] {
-                      dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, *st);
+                      dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *st);
                     })});
     rows.push_back({"unflatten, plain (CUB batched)", time_ms(s, reps, [&] {
-                      dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, *st);
+                      dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *st);
                     })});
     rows.push_back({"flatten, x0.5 (multi-tensor)", time_ms(s, reps, [&] {
-                      dev.pack(t, Dtype::F32, flat, Dtype::F32, 0.5, *st);
+                      dev.pack(t, Dtype::F32, flat, Dtype::F32, 0.5, Span{0, SIZE_MAX}, *st);
                     })});
     rows.push_back({"unflatten, x2 (multi-tensor)", time_ms(s, reps, [&] {
-                      dev.unpack(flat, Dtype::F32, t, Dtype::F32, 2.0, *st);
+                      dev.unpack(flat, Dtype::F32, t, Dtype::F32, 2.0, Span{0, SIZE_MAX}, *st);
                     })});
     st->drain(Deadline::never());
     std::printf("\nflatten/unflatten bandwidth: %zu f32 grads, %.3f GiB, %s (%d reps each)\n", sizes.size(),

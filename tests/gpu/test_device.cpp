@@ -79,16 +79,16 @@ GPU_TEST_CASE("cuda device: pack and unpack match the host backend bitwise, ever
           if (zero_some) dt.segs[3].zero = ht.segs[3].zero = 1;
           // pack: GPU vs host
           void* flat = dev.alloc(g.total * dsize(wire));
-          dev.pack(dt, static_cast<Dtype>(src), flat, static_cast<Dtype>(wire), scale, *s);
+          dev.pack(dt, static_cast<Dtype>(src), flat, static_cast<Dtype>(wire), scale, Span{0, SIZE_MAX}, *s);
           std::vector<char> want(g.total * dsize(wire));
-          host.pack(ht, static_cast<Dtype>(src), want.data(), static_cast<Dtype>(wire), scale, *hs);
+          host.pack(ht, static_cast<Dtype>(src), want.data(), static_cast<Dtype>(wire), scale, Span{0, SIZE_MAX}, *hs);
           s->drain(Deadline::never());
           std::vector<char> got(want.size());
           CUDA_OK(cudaMemcpy(got.data(), flat, got.size(), cudaMemcpyDeviceToHost));
           CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
           // unpack back into the grads: GPU vs host
-          dev.unpack(flat, static_cast<Dtype>(wire), dt, static_cast<Dtype>(src), scale, *s);
-          host.unpack(want.data(), static_cast<Dtype>(wire), ht, static_cast<Dtype>(src), scale, *hs);
+          dev.unpack(flat, static_cast<Dtype>(wire), dt, static_cast<Dtype>(src), scale, Span{0, SIZE_MAX}, *s);
+          host.unpack(want.data(), static_cast<Dtype>(wire), ht, static_cast<Dtype>(src), scale, Span{0, SIZE_MAX}, *hs);
           s->drain(Deadline::never());
           for (size_t i = 0; i < g.dev.size(); ++i) {
             std::vector<char> b(g.numel[i] * dsize(src));
@@ -111,7 +111,7 @@ GPU_TEST_CASE("cuda device: plain copies against a float64 reference, and tables
   SegmentTable t = table_of(g.dev, g.numel);
   void* flat = dev.alloc(g.total * 4);
   const uint64_t u0 = dev.uploads();
-  for (int it = 0; it < 3; ++it) dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, *s);
+  for (int it = 0; it < 3; ++it) dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *s);
   CHECK(dev.uploads() == u0 + 1);  // same version, same buffer: uploaded once
   s->drain(Deadline::never());
   std::vector<double> got = gt::download(flat, g.total, DDP_F32);
@@ -128,8 +128,8 @@ GPU_TEST_CASE("cuda device: plain copies against a float64 reference, and tables
   CUDA_OK(cudaMemset(moved, 0, g.numel[7] * 4));
   t.segs[7].ptr = moved;
   ++t.version;
-  dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, *s);
-  dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, *s);
+  dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *s);
+  dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *s);
   CHECK(dev.uploads() == u0 + 2);
   s->drain(Deadline::never());
   CHECK(gt::mismatches(gt::download(moved, g.numel[7], DDP_F32), gt::decode(g.host[7], DDP_F32), DDP_F64, "moved") == 0);
@@ -138,9 +138,15 @@ GPU_TEST_CASE("cuda device: plain copies against a float64 reference, and tables
   free_grads(g);
 }
 
-GPU_TEST_CASE("cuda device: scale, fill_zero and has_nonfinite on 1 and 4 streams") {
+GPU_TEST_CASE("cuda device: scale, fill_zero and the finiteness flag on 1 and 4 streams") {
   std::mt19937_64 rng(gt::seed() + 2);
   CudaDevice dev(0);
+  dev.reserve_flags(2);
+  // One scan into slot 1, then the flag taken (and cleared) as Reducer::finish does.
+  auto has_nonfinite = [&dev](const void* buf, size_t n, Dtype d, Stream& s) {
+    dev.scan_nonfinite(buf, n, d, 1, s);
+    return dev.take_nonfinite(1, s);
+  };
   for (int ns : {1, 4}) {
     std::vector<std::unique_ptr<Stream>> streams;
     for (int i = 0; i < ns; ++i) streams.push_back(dev.make_stream(i));
@@ -151,7 +157,7 @@ GPU_TEST_CASE("cuda device: scale, fill_zero and has_nonfinite on 1 and 4 stream
       void* buf = dev.alloc(n * dsize(d));
       gt::upload(buf, v, d);
       Stream& s = *streams[static_cast<size_t>(d) % static_cast<size_t>(ns)];
-      CHECK_FALSE(dev.has_nonfinite(buf, n, static_cast<Dtype>(d), s));
+      CHECK_FALSE(has_nonfinite(buf, n, static_cast<Dtype>(d), s));
       dev.scale(buf, n, static_cast<Dtype>(d), 0.5, s);
       s.drain(Deadline::never());
       std::vector<double> want(v);
@@ -160,14 +166,14 @@ GPU_TEST_CASE("cuda device: scale, fill_zero and has_nonfinite on 1 and 4 stream
       // one NaN in the middle
       std::vector<double> one = {std::nan("")};
       gt::upload(static_cast<char*>(buf) + 5000 * dsize(d), one, d);
-      CHECK(dev.has_nonfinite(buf, n, static_cast<Dtype>(d), s));
+      CHECK(has_nonfinite(buf, n, static_cast<Dtype>(d), s));
       dev.fill_zero(buf, n, static_cast<Dtype>(d), s);
       s.drain(Deadline::never());
       std::vector<double> z = gt::download(buf, n, d);
       bool all_zero = true;
       for (double x : z) all_zero = all_zero && x == 0.0;
       CHECK(all_zero);
-      CHECK_FALSE(dev.has_nonfinite(buf, n, static_cast<Dtype>(d), s));
+      CHECK_FALSE(has_nonfinite(buf, n, static_cast<Dtype>(d), s));
       dev.free(buf);
     }
   }
@@ -181,7 +187,7 @@ GPU_TEST_CASE("cuda device: a host pointer in a table is refused before any kern
   SegmentTable t = table_of({host_grad.data()}, {1000});
   bool threw = false;
   try {
-    dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, *s);
+    dev.pack(t, Dtype::F32, flat, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *s);
   } catch (const Error& e) {
     threw = true;
     CHECK(e.status() == DDP_ERR_CUDA);

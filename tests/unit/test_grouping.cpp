@@ -4,6 +4,7 @@
 // buckets always leave in plan order.
 #include <doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,11 +21,12 @@ class InlineStream final : public Stream {
  public:
   void reserve(size_t) override {}
   void submit(Task* t) override { t->run(); }
-  void drain(Deadline) override {}
-  bool synchronous() const override { return false; }
+  void drain(Deadline) override { g_log.push_back("drain"); }
+  bool runs_inline() const override { return true; }
   void* native() override { return nullptr; }
   void poll_error() override {}
   void cancel() override {}
+  void set_task_timeout(int64_t) override {}
 };
 
 class RecordingDevice final : public Device {
@@ -36,13 +38,18 @@ class RecordingDevice final : public Device {
   std::unique_ptr<Stream> make_stream(int) override { return std::unique_ptr<Stream>(new InlineStream()); }
   void stream_wait_user(Stream&, void*) override { g_log.push_back("wait"); }
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
-  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
+  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
+  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Span, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
   void scale(void*, size_t, Dtype, double s, Stream&) override {
     if (s != 1.0) g_log.push_back("scale");
   }
   void fill_zero(void*, size_t, Dtype, Stream&) override { g_log.push_back("zero"); }
-  bool has_nonfinite(const void*, size_t, Dtype, Stream&) override { return false; }
+  void reserve_flags(size_t) override {}
+  void scan_nonfinite(const void*, size_t, Dtype, size_t slot, Stream&) override { g_log.push_back("scan" + std::to_string(slot)); }
+  bool take_nonfinite(size_t slot, Stream&) override {
+    g_log.push_back("take" + std::to_string(slot));
+    return false;
+  }
 };
 
 class RecordingComm final : public Comm {
@@ -54,6 +61,7 @@ class RecordingComm final : public Comm {
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
   bool supports_wire(Dtype) const override { return true; }
   bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
+  bool can_group() const override { return true; }
   void allreduce(void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
     g_log.push_back("ar" + std::to_string(n) + (red.op == RedOp::Avg ? "avg" : red.op == RedOp::PreMulSum ? "pre" : "sum"));
   }
@@ -72,7 +80,7 @@ struct Rig {
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
   std::unique_ptr<Reducer> reducer;
-  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0) {
+  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0, bool check_finite = false) {
     for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, Dtype::F32, 0});
     bufs.assign(4, std::vector<float>(100));
     ReducerEnv env;
@@ -86,6 +94,7 @@ struct Rig {
     env.arena = arena;
     env.predivide = predivide;
     env.inplace_min_numel = inplace;
+    env.check_finite = check_finite;
     env.counters = &counters;
     reducer.reset(new Reducer(env, specs));
     std::vector<void*> ptrs;
@@ -138,4 +147,23 @@ TEST_CASE("GPU streams: in-place large grads join the bucket's group, never a ne
   g_log.clear();
   rig.reducer->launch_rest();  // the rest leave together, unused grads as zeros
   CHECK(g_log == L({"wait", "zero", "wait", "zero", "wait", "zero", "gs", "ar100avg", "ar100avg", "ar100avg", "ge"}));
+}
+
+TEST_CASE("check_finite: the hook only enqueues scans; the flags are read once, at finish") {
+  for (bool arena : {false, true}) {
+    CAPTURE(arena);
+    Rig rig(arena, 2, 0, 1.0, true);
+    for (int g = 3; g >= 0; --g) rig.reducer->mark_ready(g, true, 0);
+    // Inside the hook: one scan per bucket into its own flag, and nothing that waits.
+    std::vector<std::string> hook = g_log;
+    for (const std::string& e : hook) {
+      CHECK(e != "drain");
+      CHECK(e.compare(0, 4, "take") != 0);
+    }
+    for (const char* scan : {"scan0", "scan1", "scan2", "scan3"})
+      CHECK(std::count(hook.begin(), hook.end(), std::string(scan)) == 1);
+    g_log.clear();
+    rig.reducer->finish(nullptr, Deadline::never());
+    CHECK(g_log == L({"take0", "take1", "take2", "take3"}));
+  }
 }

@@ -269,7 +269,6 @@ CudaDevice::TableState& CudaDevice::prepare(SegmentTable& table, const void* fla
 CudaDevice::CudaDevice(int device) : device_(device) {
   require_cuda_device(device_);
   DeviceGuard g(device_);
-  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev_flag_), sizeof(unsigned)));
   DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(unsigned)));
 }
 
@@ -277,7 +276,7 @@ CudaDevice::~CudaDevice() {
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != device_) cudaSetDevice(device_);
-  cudaFree(dev_flag_);
+  cudaFree(dev_flags_);
   cudaFreeHost(host_flag_);
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
@@ -339,8 +338,16 @@ void CudaDevice::user_wait_stream(void* user_stream, Stream& s) {
   DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(user_stream), c.out_event(), 0));
 }
 
-void CudaDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Stream& s) {
+// The GPU path reduces a bucket whole (NCCL cuts no pieces): a span is always the whole table.
+static void require_whole(const SegmentTable& table, Span span) {
+  const Segment& last = table.segs.back();
+  if (span.lo != 0 || span.hi < last.offset + last.numel)
+    fail(DDP_ERR_INTERNAL, "cuda device: pack/unpack of a part of a bucket");
+}
+
+void CudaDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) {
   if (table.segs.empty()) return;
+  require_whole(table, span);
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
   TableState& st = prepare(table, dst, dtype_size(wire), c);
@@ -355,8 +362,10 @@ void CudaDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, dou
   }
 }
 
-void CudaDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Stream& s) {
+void CudaDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
+                        Stream& s) {
   if (table.segs.empty()) return;
+  require_whole(table, span);
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
   TableState& st = prepare(table, src, dtype_size(wire), c);
@@ -385,13 +394,30 @@ void CudaDevice::fill_zero(void* buf, size_t n, Dtype d, Stream& s) {
   DDP_CUDA_CHECK(cudaMemsetAsync(buf, 0, n * dtype_size(d), c.stream()));
 }
 
-bool CudaDevice::has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) {
-  if (n == 0) return false;
+void CudaDevice::reserve_flags(size_t slots) {
+  if (slots <= nflags_) return;
+  DeviceGuard g(device_);
+  unsigned* fresh = nullptr;
+  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&fresh), slots * sizeof(unsigned)));
+  DDP_CUDA_CHECK(cudaMemset(fresh, 0, slots * sizeof(unsigned)));
+  cudaFree(dev_flags_);
+  dev_flags_ = fresh;
+  nflags_ = slots;
+}
+
+// The kernel only ever sets its flag, so scans of one bucket accumulate; nothing waits here.
+void CudaDevice::scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) {
+  if (n == 0) return;
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
-  DDP_CUDA_CHECK(cudaMemsetAsync(dev_flag_, 0, sizeof(unsigned), c.stream()));
-  DDP_CUDA_CHECK(kern::launch_nonfinite(buf, n, static_cast<ddp_dtype_t>(d), dev_flag_, c.stream()));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(host_flag_, dev_flag_, sizeof(unsigned), cudaMemcpyDeviceToHost, c.stream()));
+  DDP_CUDA_CHECK(kern::launch_nonfinite(buf, n, static_cast<ddp_dtype_t>(d), dev_flags_ + slot, c.stream()));
+}
+
+bool CudaDevice::take_nonfinite(size_t slot, Stream& s) {
+  CudaStream& c = cuda(s);
+  DeviceGuard g(device_);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host_flag_, dev_flags_ + slot, sizeof(unsigned), cudaMemcpyDeviceToHost, c.stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(dev_flags_ + slot, 0, sizeof(unsigned), c.stream()));
   c.drain(Deadline::never());  // bounded by the deadlines of the collectives queued before
   return *host_flag_ != 0;
 }

@@ -56,7 +56,7 @@ class CudaStream final : public Stream {
   void reserve(size_t) override {}
   void submit(Task* task) override;
   void drain(Deadline deadline) override;
-  bool synchronous() const override { return false; }
+  bool runs_inline() const override { return true; }
   void* native() override { return stream_; }
   void poll_error() override;
   void cancel() override { cancelled_ = true; }
@@ -94,11 +94,14 @@ class CudaDevice final : public Device {
   std::unique_ptr<Stream> make_stream(int index) override;
   void stream_wait_user(Stream& s, void* user_stream) override;
   void user_wait_stream(void* user_stream, Stream& s) override;
-  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Stream& s) override;
-  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Stream& s) override;
+  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
+              Stream& s) override;
   void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
-  bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) override;
+  void reserve_flags(size_t slots) override;
+  void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) override;
+  bool take_nonfinite(size_t slot, Stream& s) override;
 
   // Times the tables were uploaded to the device (tests check that steady state uploads nothing).
   uint64_t uploads() const { return uploads_; }
@@ -110,8 +113,9 @@ class CudaDevice final : public Device {
   CudaStream& cuda(Stream& s) const;
 
   int device_;
-  unsigned* dev_flag_ = nullptr;   // has_nonfinite's result on the device
-  unsigned* host_flag_ = nullptr;  // and its pinned host copy
+  unsigned* dev_flags_ = nullptr;  // one finiteness flag per slot, on the device
+  size_t nflags_ = 0;
+  unsigned* host_flag_ = nullptr;  // a pinned host copy of one of them
   uint64_t uploads_ = 0;
 };
 

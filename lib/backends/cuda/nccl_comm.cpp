@@ -155,6 +155,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DDP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)), comm_);
   }
 
+  bool can_group() const override { return true; }
   void group_start() override { DDP_NCCL_CHECK(ncclGroupStart(), nullptr); }
   void group_end() override { DDP_NCCL_CHECK(ncclGroupEnd(), comm_); }
 

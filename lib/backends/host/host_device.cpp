@@ -1,5 +1,7 @@
 #include "backends/host/host_device.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -82,110 +84,222 @@ bool has_nonfinite(const void* buf, size_t n, Dtype d) {
 
 }  // namespace host
 
+// What a stream's worker shares with the stream object: the worker holds its own reference, so that
+// a worker written off while blocked in a collective outlives the stream that gave up on it.
+struct WorkerState {
+  std::mutex mu;
+  std::condition_variable work_cv, done_cv;
+  std::vector<Task*> ring = std::vector<Task*>(64, nullptr);
+  size_t head = 0, tail = 0;
+  uint64_t submitted = 0, finished = 0;
+  bool stop = false, cancelled = false;
+  bool running = false;    // a task is in run()
+  bool blocked = false;    // ... and inside a BlockingCall
+  bool abandoned = false;  // written off: it parks when its call returns
+  std::chrono::steady_clock::time_point task_start;
+  int64_t task_timeout_ms = 0;
+  std::exception_ptr error;
+  std::shared_ptr<std::atomic<bool>> device_abandoned;
+};
+
+namespace host {
+
 namespace {
+thread_local WorkerState* t_worker = nullptr;
+
+[[noreturn]] void park_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+}  // namespace
+
+BlockingCall::BlockingCall() : state_(t_worker) {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->blocked = true;
+  state_->done_cv.notify_all();  // a drain waiting to write off a blocked worker may now do so
+}
+
+BlockingCall::~BlockingCall() {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->blocked = false;
+  if (!state_->abandoned) return;
+  lock.unlock();
+  park_forever();  // whatever called us may be freed by now
+}
+
+void keep_until_exit(std::shared_ptr<void> p) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();  // reachable, never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(p));
+}
+
+size_t piece_bytes() {
+  const char* v = std::getenv("DDP_HOST_PIECE_BYTES");
+  long long b = v ? std::atoll(v) : 0;
+  return b > 0 ? static_cast<size_t>(b) : size_t(4) << 20;
+}
+
+}  // namespace host
+
+namespace {
+
+void run_worker(std::shared_ptr<WorkerState> st);
 
 // A stream backed by one worker thread and a fixed ring of task pointers.
 class HostStream final : public Stream {
  public:
-  explicit HostStream(int index) : index_(index), worker_([this] { loop(); }) {}
-  ~HostStream() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    worker_.join();
+  HostStream(int index, std::shared_ptr<std::atomic<bool>> abandoned)
+      : index_(index), st_(std::make_shared<WorkerState>()) {
+    st_->device_abandoned = std::move(abandoned);
+    worker_ = std::thread(run_worker, st_);
   }
+  ~HostStream() override;
 
   void reserve(size_t n) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (n + 1 > ring_.size() && head_ == tail_) {
-      ring_.assign(n + 1, nullptr);
-      head_ = tail_ = 0;
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (n + 1 > st_->ring.size() && st_->head == st_->tail) {
+      st_->ring.assign(n + 1, nullptr);
+      st_->head = st_->tail = 0;
     }
   }
 
   void submit(Task* task) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      size_t next = (tail_ + 1) % ring_.size();
-      if (next == head_) fail(DDP_ERR_INTERNAL, "host stream %d: task ring full", index_);
-      ring_[tail_] = task;
-      tail_ = next;
-      ++submitted_;
+      WorkerState& w = *st_;
+      std::lock_guard<std::mutex> lock(w.mu);
+      size_t next = (w.tail + 1) % w.ring.size();
+      if (next == w.head) fail(DDP_ERR_INTERNAL, "host stream %d: task ring full", index_);
+      w.ring[w.tail] = task;
+      w.tail = next;
+      ++w.submitted;
     }
-    work_cv_.notify_one();
+    st_->work_cv.notify_one();
   }
 
-  void drain(Deadline deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto done = [this] { return finished_ == submitted_; };
-    if (deadline.infinite()) {
-      done_cv_.wait(lock, done);
-    } else if (!done_cv_.wait_until(lock, deadline.at(), done)) {
-      fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
-    }
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
+  void drain(Deadline deadline) override;
 
   void poll_error() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
+    std::lock_guard<std::mutex> lock(st_->mu);
+    take_error();
   }
 
-  bool synchronous() const override { return true; }
+  bool runs_inline() const override { return false; }
+  void set_task_timeout(int64_t ms) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->task_timeout_ms = ms;
+  }
   void* native() override { return nullptr; }
   void cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = true;
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->cancelled = true;
   }
 
  private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      work_cv_.wait(lock, [this] { return stop_ || head_ != tail_; });
-      if (head_ == tail_) return;  // stopping and nothing left
-      Task* task = ring_[head_];
-      head_ = (head_ + 1) % ring_.size();
-      bool skip = cancelled_;
-      lock.unlock();
-      std::exception_ptr err;
-      if (!skip) {
-        try {
-          task->run();
-        } catch (...) {
-          err = std::current_exception();
-        }
-      }
-      lock.lock();
-      if (err && !error_) error_ = err;
-      if (err) cancelled_ = true;  // later tasks of this stream depend on the failed one
-      ++finished_;
-      if (finished_ == submitted_) done_cv_.notify_all();
+  void take_error() {
+    if (st_->error) {
+      std::exception_ptr e = st_->error;
+      st_->error = nullptr;
+      std::rethrow_exception(e);
     }
+  }
+  // Writes the running task off (it is blocked in a collective): queued tasks are dropped, buffers
+  // the device hands back from now on are kept, and the worker parks when its call returns.
+  void abandon() {
+    st_->abandoned = true;
+    st_->cancelled = true;
+    st_->device_abandoned->store(true);
   }
 
   int index_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::vector<Task*> ring_ = std::vector<Task*>(64, nullptr);
-  size_t head_ = 0, tail_ = 0;
-  uint64_t submitted_ = 0, finished_ = 0;
-  bool stop_ = false, cancelled_ = false;
-  std::exception_ptr error_;
-  std::thread worker_;  // last: starts after every other member exists
+  std::shared_ptr<WorkerState> st_;
+  std::thread worker_;
 };
 
+// The deadline is kept here, by the thread that waits, not by the worker that moves the bytes: the
+// worker may sit in a blocking collective, which is much faster than polling one. A task that has
+// been blocked in a collective for task_timeout_ms is written off; one that computes is waited for.
+void HostStream::drain(Deadline deadline) {
+  WorkerState& w = *st_;
+  std::unique_lock<std::mutex> lock(w.mu);
+  for (;;) {
+    if (w.finished == w.submitted || w.abandoned) break;
+    if (w.cancelled && w.blocked) {  // after a fatal error nothing waits for a collective's peers
+      abandon();
+      break;
+    }
+    Deadline::Clock::time_point until = Deadline::Clock::time_point::max();
+    if (!deadline.infinite()) until = deadline.at();
+    const bool bounded = w.task_timeout_ms > 0 && w.running;
+    if (bounded) until = std::min(until, w.task_start + std::chrono::milliseconds(w.task_timeout_ms));
+    if (until == Deadline::Clock::time_point::max()) {
+      w.done_cv.wait(lock);
+      continue;
+    }
+    if (w.done_cv.wait_until(lock, until) != std::cv_status::timeout) continue;
+    if (deadline.passed()) fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
+    if (bounded && w.blocked) {
+      abandon();
+      fail(DDP_ERR_TIMEOUT, "a collective did not complete within timeout_ms (%lld ms): another rank stalled, "
+                            "died or issued a different collective", static_cast<long long>(w.task_timeout_ms));
+    }
+    if (bounded) w.done_cv.wait_for(lock, std::chrono::milliseconds(10));  // computing: give it time
+  }
+  take_error();
+}
+
+// A worker blocked for good in a collective is left behind (detached), never joined: nothing at
+// destroy or exit waits for it.
+HostStream::~HostStream() {
+  WorkerState& w = *st_;
+  {
+    std::unique_lock<std::mutex> lock(w.mu);
+    w.done_cv.wait(lock, [&] { return !w.running || w.blocked || w.abandoned; });
+    if (w.running && !w.abandoned) abandon();
+    w.stop = true;
+  }
+  w.work_cv.notify_all();
+  if (w.abandoned)
+    worker_.detach();
+  else
+    worker_.join();
+}
+
+void run_task(WorkerState& w, Task* task, std::unique_lock<std::mutex>& lock) {
+  w.running = true;
+  w.task_start = std::chrono::steady_clock::now();
+  lock.unlock();
+  std::exception_ptr err;
+  try {
+    task->run();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  lock.lock();
+  w.running = false;
+  if (err && !w.error) w.error = err;
+  if (err) w.cancelled = true;  // later tasks of this stream depend on the failed one
+}
+
+void run_worker(std::shared_ptr<WorkerState> st) {
+  WorkerState& w = *st;
+  host::t_worker = &w;
+  std::unique_lock<std::mutex> lock(w.mu);
+  for (;;) {
+    w.work_cv.wait(lock, [&] { return w.stop || w.head != w.tail; });
+    if (w.head == w.tail || w.abandoned) return;  // stopping and nothing left, or written off
+    Task* task = w.ring[w.head];
+    w.head = (w.head + 1) % w.ring.size();
+    if (!w.cancelled) run_task(w, task, lock);
+    ++w.finished;
+    w.done_cv.notify_all();
+  }
+}
+
 }  // namespace
+
+HostDevice::HostDevice() : abandoned_(std::make_shared<std::atomic<bool>>(false)) {}
 
 void* HostDevice::alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
@@ -200,31 +314,55 @@ void* HostDevice::alloc(size_t bytes) {
 
 void HostDevice::free(void* p) { std::free(p); }
 
+void HostDevice::release(void* p) {
+  if (!p) return;
+  if (abandoned_->load())
+    host::keep_until_exit(std::shared_ptr<void>(p, [](void* q) { std::free(q); }));
+  else
+    std::free(p);
+}
+
 void HostDevice::copy(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 
 std::unique_ptr<Stream> HostDevice::make_stream(int index) {
-  return std::unique_ptr<Stream>(new HostStream(index));
+  return std::unique_ptr<Stream>(new HostStream(index, abandoned_));
 }
 
-void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Stream&) {
-  char* out = static_cast<char*>(dst);
-  const size_t ws = dtype_size(wire);
-  for (const Segment& seg : table.segs) {
-    void* to = out + seg.offset * ws;
-    if (seg.zero)
-      std::memset(to, 0, seg.numel * ws);
-    else
-      host::convert(seg.ptr, src, to, wire, seg.numel, scale);
+// Calls fn(segment, first, count) for the part of each segment inside `span` (segments are sorted by
+// offset, the first one found by binary search: a bucket is packed piece by piece).
+template <class F>
+static void for_span(SegmentTable& table, Span span, F&& fn) {
+  std::vector<Segment>& segs = table.segs;
+  auto it = std::upper_bound(segs.begin(), segs.end(), span.lo,
+                             [](size_t lo, const Segment& seg) { return lo < seg.offset; });
+  if (it != segs.begin()) --it;
+  for (; it != segs.end() && it->offset < span.hi; ++it) {
+    const size_t a = std::max(span.lo, it->offset), b = std::min(span.hi, it->offset + it->numel);
+    if (a < b) fn(*it, a - it->offset, b - a);
   }
 }
 
-void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale,
+void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream&) {
+  char* out = static_cast<char*>(dst);
+  const size_t ws = dtype_size(wire), ss = dtype_size(src);
+  for_span(table, span, [&](const Segment& seg, size_t first, size_t n) {
+    void* to = out + (seg.offset + first) * ws;
+    if (seg.zero)
+      std::memset(to, 0, n * ws);
+    else
+      host::convert(static_cast<const char*>(seg.ptr) + first * ss, src, to, wire, n, scale);
+  });
+}
+
+void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
                         Stream&) {
   const char* in = static_cast<const char*>(src);
-  const size_t ws = dtype_size(wire);
-  for (const Segment& seg : table.segs) host::convert(in + seg.offset * ws, wire, seg.ptr, dst, seg.numel, scale);
+  const size_t ws = dtype_size(wire), ds = dtype_size(dst);
+  for_span(table, span, [&](const Segment& seg, size_t first, size_t n) {
+    host::convert(in + (seg.offset + first) * ws, wire, static_cast<char*>(seg.ptr) + first * ds, dst, n, scale);
+  });
 }
 
 void HostDevice::scale(void* buf, size_t n, Dtype d, double scale, Stream&) {
@@ -233,8 +371,18 @@ void HostDevice::scale(void* buf, size_t n, Dtype d, double scale, Stream&) {
 
 void HostDevice::fill_zero(void* buf, size_t n, Dtype d, Stream&) { std::memset(buf, 0, n * dtype_size(d)); }
 
-bool HostDevice::has_nonfinite(const void* buf, size_t n, Dtype d, Stream&) {
-  return host::has_nonfinite(buf, n, d);
+void HostDevice::reserve_flags(size_t slots) {
+  if (slots <= nflags_) return;
+  flags_.reset(new std::atomic<bool>[slots]);
+  for (size_t i = 0; i < slots; ++i) flags_[i] = false;
+  nflags_ = slots;
 }
+
+// The worker sets the flag; the host reads it after drain, which orders the two.
+void HostDevice::scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream&) {
+  if (host::has_nonfinite(buf, n, d)) flags_[slot].store(true, std::memory_order_relaxed);
+}
+
+bool HostDevice::take_nonfinite(size_t slot, Stream&) { return flags_[slot].exchange(false, std::memory_order_relaxed); }
 
 }  // namespace ddp

@@ -3,31 +3,70 @@
 // the trainer's thread while backward goes on).
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <vector>
+
 #include "core/backend.hpp"
 
 namespace ddp {
 
+struct WorkerState;
+
 class HostDevice final : public Device {
  public:
+  HostDevice();
   Memory memory() const override { return Memory::Host; }
   void* alloc(size_t bytes) override;
   void free(void* p) override;
+  void release(void* p) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::unique_ptr<Stream> make_stream(int index) override;
   void stream_wait_user(Stream&, void*) override {}
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Stream& s) override;
-  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale,
+  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
               Stream& s) override;
   void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
-  bool has_nonfinite(const void* buf, size_t n, Dtype d, Stream& s) override;
+  void reserve_flags(size_t slots) override;
+  void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) override;
+  bool take_nonfinite(size_t slot, Stream& s) override;
+
+ private:
+  // Set by a stream of this device that wrote off a worker blocked in a collective.
+  std::shared_ptr<std::atomic<bool>> abandoned_;
+  std::unique_ptr<std::atomic<bool>[]> flags_;
+  size_t nflags_ = 0;
 };
 
-// The element loops themselves, for unit tests and for the other host code that needs them.
 namespace host {
+// The element loops themselves, for unit tests and for the other host code that needs them.
 void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scale);
 bool has_nonfinite(const void* buf, size_t n, Dtype d);
+
+// Keeps `p` alive until the process exits: the one registry of host memory that a collective which
+// could not be cancelled may still write (never freed, reachable, so no leak report).
+void keep_until_exit(std::shared_ptr<void> p);
+
+// Brackets a call that may block for good (an MPI collective whose peer died). On a host stream's
+// worker, a drain that times out may write the worker off while it is inside; if the call returns
+// after that, the destructor parks the thread for good instead of returning into state that may be
+// freed by then. Off a stream worker, `on_worker()` is false: the caller must keep its deadline itself.
+class BlockingCall {
+ public:
+  BlockingCall();
+  ~BlockingCall();
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+  bool on_worker() const { return state_ != nullptr; }
+
+ private:
+  WorkerState* state_;
+};
+
+// Bytes per collective piece on host memory: DDP_HOST_PIECE_BYTES, else 4 MiB (docs/performance.md).
+size_t piece_bytes();
 }  // namespace host
 
 }  // namespace ddp

@@ -1,5 +1,6 @@
 #include "core/comms.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -78,6 +79,8 @@ class LocalComm final : public Comm {
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum; }
+  // Pieces as on MPI, so that in-process tests run the same pipeline.
+  size_t piece_elems(Dtype d) const override { return std::max<size_t>(1, piece_bytes_ / dtype_size(d)); }
 
   void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
@@ -172,6 +175,7 @@ class LocalComm final : public Comm {
   std::atomic<uint64_t> dups_{0};
   std::shared_ptr<Channel> channel_;
   std::vector<char> scratch_;
+  size_t piece_bytes_ = host::piece_bytes();
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
-// The MPI communicator: host memory, Open MPI as the engine. Every collective is issued nonblocking
-// and polled against its deadline, since an MPI collective cannot be cancelled.
+// The MPI communicator: host memory, Open MPI as the engine. An MPI collective cannot be cancelled.
+// On a host stream's worker, allreduce is a blocking MPI_Allreduce and the thread that waits for the
+// stream keeps the deadline (it writes the worker off if a peer never arrives); everywhere else a
+// collective is issued nonblocking and polled against its deadline.
 #include "core/comms.hpp"
 
 #include <mpi.h>
@@ -90,11 +92,6 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
 
 // Counts larger than an int are sent in pieces.
 constexpr size_t kMaxChunk = size_t(1) << 30;
-// Allreduces are issued in pieces of at most this many bytes, one after the other. Measured with Open
-// MPI 4.1.4, 2 ranks on 2 cores, 406 MB of f32: one MPI_Iallreduce polled to completion took about
-// 650 ms, the same bytes in 4 MB pieces about 200 ms (blocking MPI_Allreduce: 580 ms whole, 300 ms in
-// 16 MB pieces). Each piece is polled against the same deadline, so the timeout is unchanged.
-constexpr size_t kAllreducePieceBytes = size_t(4) << 20;
 
 class MpiComm final : public Comm {
  public:
@@ -121,19 +118,27 @@ class MpiComm final : public Comm {
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum; }
+  size_t piece_elems(Dtype d) const override {
+    return std::max<size_t>(1, std::min(kMaxChunk, piece_bytes_ / dtype_size(d)));
+  }
 
   void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "MPI comm: only sum is fused");
     MPI_Datatype t = mpi_type(d);
     char* p = static_cast<char*>(buf);
-    const size_t piece = std::max<size_t>(1, std::min(kMaxChunk, kAllreducePieceBytes / dtype_size(d)));
+    const size_t piece = piece_elems(d);
     for (size_t done = 0; done < n;) {
-      size_t k = std::min(piece, n - done);
-      MPI_Request req;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + done * dtype_size(d), static_cast<int>(k), t,
-                                   MPI_SUM, comm_, &req));
-      wait_request(&req, dl, "MPI allreduce");
-      done += k;
+      const int k = static_cast<int>(std::min(piece, n - done));
+      void* at = p + done * dtype_size(d);
+      host::BlockingCall call;
+      if (call.on_worker()) {
+        DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at, k, t, MPI_SUM, comm_));
+      } else {
+        MPI_Request req;
+        DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at, k, t, MPI_SUM, comm_, &req));
+        wait_request(&req, dl, "MPI allreduce");
+      }
+      done += static_cast<size_t>(k);
     }
   }
 
@@ -191,16 +196,14 @@ class MpiComm final : public Comm {
     }
   }
   void keep_control_buffers() {
-    static std::mutex mu;
-    static std::vector<std::vector<char>>* kept = new std::vector<std::vector<char>>();  // reachable
-    std::lock_guard<std::mutex> lock(mu);
-    kept->push_back(std::move(send_));
-    kept->push_back(std::move(recv_));
+    host::keep_until_exit(std::make_shared<std::vector<char>>(std::move(send_)));
+    host::keep_until_exit(std::make_shared<std::vector<char>>(std::move(recv_)));
     send_ = std::vector<char>();
     recv_ = std::vector<char>();
   }
 
   MPI_Comm comm_;
+  size_t piece_bytes_ = host::piece_bytes();
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
   std::vector<char> send_, recv_;  // control-path buffers (see allgather_host)
