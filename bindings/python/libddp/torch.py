@@ -15,6 +15,9 @@ Where torch.nn.parallel.DistributedDataParallel defines a behaviour, this module
   the ranks learn which parameters were used anywhere by reducing a usage map with the grads.
 - broadcast_buffers=True (the default): rank 0's buffers (BatchNorm statistics, any dtype) are copied to
   every rank at the start of every forward pass that follows a synced training forward, and at the first.
+- no_sync(): grads accumulate locally; the next synced pass reduces the sum. As in torch, "used" means used
+  in that synced pass: a parameter used only in the no_sync passes and by no rank in the synced one keeps
+  its local, unreduced .grad.
 """
 import contextlib
 import ctypes
@@ -110,7 +113,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.comm = comm if comm is not None else default_comm(self._params[0].device)
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
         config.setdefault("plan_order", "registration" if self.arena else "learned")
-        self.ddp = DDP(comm, layout=layout, **config)
+        self.ddp = DDP(self.comm, layout=layout, **config)
         self.find_unused = bool(find_unused_parameters)
         self.broadcast_buffers = bool(broadcast_buffers)
         self._buffers_due = True  # torch syncs buffers before the first forward too
@@ -243,9 +246,11 @@ class DistributedDataParallel(torch.nn.Module):
     def _begin(self):
         if self.arena:
             # Whether each .grad existed before the pass: a parameter no rank uses gets its None back.
+            # A None .grad stays None here; the hook adopts the view if the parameter takes part.
             self._had_grad = [p.grad is not None for p in self._params]
-            for i in range(len(self._params)):
-                self._adopt_grad(i)
+            for i, had in enumerate(self._had_grad):
+                if had:
+                    self._adopt_grad(i)
         self.ddp.begin_backward(self._stream())
         self._in_backward = True
         self._queued = False

@@ -65,6 +65,48 @@ def test_no_sync_accumulates():
         model.close()
 
 
+def test_no_comm_given_uses_the_default_comm(monkeypatch):
+    """DistributedDataParallel(model) alone: CPU parameters get default_comm's MPI communicator (a
+    one-rank stand-in here, so the test needs no MPI job)."""
+    asked = []
+    monkeypatch.setattr(libddp.Comm, "mpi", classmethod(lambda cls: asked.append(1) or libddp.Comm.self()))
+    ref, m = make(), make()
+    model = ltorch.DistributedDataParallel(m)
+    assert asked == [1]
+    x = torch.randn(4, 5)
+    for mod in (ref, model):
+        mod(x).sum().backward()
+    for a, b in zip(ref.parameters(), m.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    model.close()
+    model.comm.close()
+
+
+def test_unused_grad_stays_none_through_no_sync_in_the_arena():
+    """A parameter no pass uses keeps grad None across a no_sync window (the arena must not hand it a
+    view early)."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.never = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    m = Net()
+    with libddp.Comm.self() as c:
+        model = ltorch.DistributedDataParallel(m, c, layout="arena", find_unused_parameters=True)
+        x = torch.randn(2, 3)
+        for _ in range(2):
+            with model.no_sync():
+                model(x).sum().backward()
+            assert m.never.weight.grad is None
+            model(x).sum().backward()
+            assert m.never.weight.grad is None and m.used.weight.grad is not None
+            m.zero_grad(set_to_none=False)
+        model.close()
+
+
 def test_torch_not_imported_by_the_package():
     code = "import sys, libddp; c = libddp.Comm.self(); libddp.DDP(c).close(); print('torch' in sys.modules)"
     out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, env=dict(__import__("os").environ,
