@@ -243,6 +243,11 @@ void Reducer::launch_ready_in_order() {
   for (int b = first; b < next_; ++b) launch(b);
 }
 
+Reducer::Work Reducer::work(int b) {
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  return Work{*rt_[static_cast<size_t>(b)], bk, stream_of(b), *env_.device, *env_.comms[static_cast<size_t>(bk.stream)]};
+}
+
 Stream& Reducer::stream_of(int b) {
   return *env_.streams[static_cast<size_t>(plan_.buckets[static_cast<size_t>(b)].stream)];
 }
@@ -291,10 +296,7 @@ void Reducer::launch_grouped(int first, int last) {
 // Packed path (copy layout, or 16-bit buckets the engine cannot sum): one pass in, casting and
 // pre-scaling. Arena path: zeros for unused grads, and the pre-scale in place if the engine cannot fuse it.
 void Reducer::stage_in(int b) {
-  BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  Device& d = *env_.device;
+  auto [r, bk, s, d, c] = work(b);
   r.start_ns = now_ns();
   if (!env_.arena || r.wire != bk.dtype) {
     if (!r.packed.segs.empty())
@@ -315,10 +317,7 @@ void Reducer::stage_in(int b) {
 // The bucket's collectives: the packed buffer and each in-place grad, as one group when several (and
 // `own_group`: a grouped launch already brackets them).
 void Reducer::collectives(int b, bool own_group) {
-  BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  auto [r, bk, s, d, c] = work(b);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   if (env_.arena && r.wire == bk.dtype) {
     c.allreduce(r.base, bk.numel, bk.dtype, red_, s, dl);
@@ -334,10 +333,7 @@ void Reducer::collectives(int b, bool own_group) {
 
 // One pass out (post-scale, cast back), the optional finiteness scan, and the bucket's accounting.
 void Reducer::stage_out(int b) {
-  BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  Device& d = *env_.device;
+  auto [r, bk, s, d, c] = work(b);
   if (!env_.arena || r.wire != bk.dtype) {
     if (!r.packed.segs.empty())
       d.unpack(staging_[static_cast<size_t>(bk.stream)], r.wire, r.packed, bk.dtype, post_, Span{0, r.packed_numel}, s);
@@ -396,10 +392,7 @@ void Reducer::account(int b) {
 // or the post-scale, the finiteness scan) before the next one, so every pass but the collective's
 // own touches data still in cache: no whole-bucket pass before or after the collective.
 void Reducer::pipeline(int b) {
-  BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  Device& d = *env_.device;
+  auto [r, bk, s, d, c] = work(b);
   r.start_ns = now_ns();
   if (env_.arena && r.wire == bk.dtype) {
     for (Segment& seg : r.packed.segs)
@@ -413,7 +406,7 @@ void Reducer::pipeline(int b) {
     for (size_t lo = 0; lo < r.packed_numel; lo += r.piece) {
       const Span sp{lo, std::min(r.packed_numel, lo + r.piece)};
       d.pack(r.packed, bk.dtype, st, r.wire, pre_, sp, s);
-      env_.comms[static_cast<size_t>(bk.stream)]->allreduce(st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
+      c.allreduce(st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
       d.unpack(st, r.wire, r.packed, bk.dtype, post_, sp, s);
       scan_packed(b, sp, &cursor);
     }
@@ -428,11 +421,7 @@ void Reducer::pipeline(int b) {
 // An in-place range (an arena bucket, a grad reduced in place) in pieces, each scaled before and
 // after its collective while in cache.
 void Reducer::reduce_in_place(int b, void* p, size_t n) {
-  const BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  Device& d = *env_.device;
-  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  auto [r, bk, s, d, c] = work(b);
   const size_t es = dtype_size(bk.dtype);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   for (size_t lo = 0; lo < n; lo += r.piece) {

@@ -86,6 +86,15 @@ class Reducer {
   struct BucketTask;
   struct BucketRt;
   enum class Phase { All, In, Collectives, Out };
+  // What a bucket's work touches: its runtime, its plan entry, its stream, the device, its comm.
+  struct Work {
+    BucketRt& r;
+    const Bucket& bk;
+    Stream& s;
+    Device& d;
+    Comm& c;
+  };
+  Work work(int b);
   void build_runtime(const std::vector<void*>& ptrs);
   Stream& stream_of(int b);
   void launch(int b);

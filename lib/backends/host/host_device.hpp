@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/host/host_kernels.hpp"
 #include "core/backend.hpp"
 
 namespace ddp {
@@ -41,10 +42,6 @@ class HostDevice final : public Device {
 };
 
 namespace host {
-// The element loops themselves, for unit tests and for the other host code that needs them.
-void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scale);
-bool has_nonfinite(const void* buf, size_t n, Dtype d);
-
 // Keeps `p` alive until the process exits: the one registry of host memory that a collective which
 // could not be cancelled may still write (never freed, reachable, so no leak report).
 void keep_until_exit(std::shared_ptr<void> p);

@@ -1,0 +1,83 @@
+// The host element loops: cast, scale and scan host memory. The same per-element operations as the
+// CUDA kernels (kernels/elementwise.h); this file is built with vectorization on (see the Makefile).
+#include "backends/host/host_kernels.hpp"
+
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/elementwise.h"
+
+namespace ddp {
+
+namespace host {
+
+template <class S, class D>
+static void convert_typed(const void* src, void* dst, size_t n, double scale) {
+  if constexpr (std::is_same<S, D>::value && std::is_same<typename S::storage, typename S::math>::value) {
+    // f32 -> f32 and f64 -> f64 scaling (the averaging pass, and the unpack that folds it in): the same
+    // single multiply in the type's own precision as scaled_cast, written as plain loops that the
+    // compiler vectorizes. The generic loop below, with its per-element branch and possible aliasing,
+    // stays scalar.
+    typedef typename S::storage T;
+    const T s = static_cast<T>(scale);
+    if (src == dst) {
+      T* p = static_cast<T*>(dst);
+      for (size_t i = 0; i < n; ++i) p[i] *= s;
+      return;
+    }
+    const T* __restrict in = static_cast<const T*>(src);  // pack and unpack buffers never overlap
+    T* __restrict out = static_cast<T*>(dst);
+    for (size_t i = 0; i < n; ++i) out[i] = in[i] * s;
+    return;
+  }
+  const typename S::storage* in = static_cast<const typename S::storage*>(src);
+  typename D::storage* out = static_cast<typename D::storage*>(dst);
+  const bool unit = scale == 1.0;
+  for (size_t i = 0; i < n; ++i) out[i] = elem::scaled_cast<S, D>(in[i], scale, unit);
+}
+
+template <class S>
+static void convert_from(const void* src, void* dst, Dtype d, size_t n, double scale) {
+  switch (d) {
+    case Dtype::F16: return convert_typed<S, elem::F16>(src, dst, n, scale);
+    case Dtype::BF16: return convert_typed<S, elem::BF16>(src, dst, n, scale);
+    case Dtype::F32: return convert_typed<S, elem::F32>(src, dst, n, scale);
+    case Dtype::F64: return convert_typed<S, elem::F64>(src, dst, n, scale);
+  }
+}
+
+void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scale) {
+  if (n == 0) return;
+  if (s == d && scale == 1.0) {
+    if (src != dst) std::memmove(dst, src, n * dtype_size(d));
+    return;
+  }
+  switch (s) {
+    case Dtype::F16: return convert_from<elem::F16>(src, dst, d, n, scale);
+    case Dtype::BF16: return convert_from<elem::BF16>(src, dst, d, n, scale);
+    case Dtype::F32: return convert_from<elem::F32>(src, dst, d, n, scale);
+    case Dtype::F64: return convert_from<elem::F64>(src, dst, d, n, scale);
+  }
+}
+
+template <class T>
+static bool nonfinite_typed(const void* buf, size_t n) {
+  const typename T::storage* p = static_cast<const typename T::storage*>(buf);
+  bool bad = false;
+  for (size_t i = 0; i < n; ++i) bad |= elem::is_nonfinite<T>(p[i]);
+  return bad;
+}
+
+bool has_nonfinite(const void* buf, size_t n, Dtype d) {
+  switch (d) {
+    case Dtype::F16: return nonfinite_typed<elem::F16>(buf, n);
+    case Dtype::BF16: return nonfinite_typed<elem::BF16>(buf, n);
+    case Dtype::F32: return nonfinite_typed<elem::F32>(buf, n);
+    case Dtype::F64: return nonfinite_typed<elem::F64>(buf, n);
+  }
+  return false;
+}
+
+}  // namespace host
+
+}  // namespace ddp

@@ -1,0 +1,19 @@
+// The host element loops: casting with a scale (pack, unpack, the averaging pass) and the finiteness
+// scan, over host memory.
+#pragma once
+
+#include <cstddef>
+
+#include "core/common.hpp"
+
+namespace ddp {
+namespace host {
+
+// dst[i] = (D)(src[i] * scale) for n elements, in the precision elem::scaled_cast defines; src == dst
+// is allowed when s == d.
+void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scale);
+// Whether any of the n elements is an infinity or a NaN.
+bool has_nonfinite(const void* buf, size_t n, Dtype d);
+
+}  // namespace host
+}  // namespace ddp
