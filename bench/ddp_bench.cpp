@@ -181,7 +181,10 @@ int bench_hook() {
     std::vector<std::vector<float>> g(G, std::vector<float>(16, 1.0f));
     ddp_t d = nullptr;
     check(ddp_create(comm, &cfg, &d), "ddp_create");
-    for (int i = 0; i < G; ++i) { int idx; check(ddp_register_grad(d, g[i].data(), 16, DDP_F32, 0, &idx), "register"); }
+    for (int i = 0; i < G; ++i) {
+      int idx;
+      check(ddp_register_grad(d, g[i].data(), 16, DDP_F32, 0, &idx), "register");
+    }
     for (int it = 0; it < iters + 10; ++it) {
       check(ddp_begin_backward(d, nullptr), "begin");
       const uint64_t t0 = now_ns();
@@ -201,7 +204,10 @@ int bench_hook() {
     std::vector<std::vector<float>> g(GL, std::vector<float>(16, 1.0f));
     ddp_t d = nullptr;
     check(ddp_create(comm, &cfg, &d), "ddp_create");
-    for (int i = 0; i < GL; ++i) { int idx; check(ddp_register_grad(d, g[i].data(), 16, DDP_F32, 0, &idx), "register"); }
+    for (int i = 0; i < GL; ++i) {
+      int idx;
+      check(ddp_register_grad(d, g[i].data(), 16, DDP_F32, 0, &idx), "register");
+    }
     for (int it = 0; it < iters + 10; ++it) {
       check(ddp_begin_backward(d, nullptr), "begin");
       for (int i = GL - 1; i >= 0; --i) {
@@ -227,13 +233,16 @@ int bench_hook() {
   std::printf("\n## 1. hook cost: ddp_grad_ready (1 process, self comm, f32 grads of 16 elements)\n\n");
   std::printf("| call | median ns | note |\n|---|---:|---|\n");
   std::printf("| slot fill | %.1f | mean of %d calls per iteration, median over %d iterations |\n", fill, G - 1, iters);
-  std::printf("| launching call | %.0f | each call timed alone, %zu calls; p90 %.0f ns |\n", launch, launch_ns.size(), launch_p90);
+  std::printf("| launching call | %.0f | each call timed alone, %zu calls; p90 %.0f ns |\n", launch, launch_ns.size(),
+              launch_p90);
   std::printf("| (clock read) | %.0f | clock_gettime pair, included in the launching number |\n", clk);
   std::printf("\ntarget: slot fill < 100 ns median: %.1f ns %s\n", fill, fill < 100 ? "met" : "MISSED");
   FILE* f = open_json("hook");
   json_head(f, "hook");
-  std::fprintf(f, "\"fill_median_ns\":%.3f,\"launch_median_ns\":%.3f,\"launch_p90_ns\":%.3f,\"clock_ns\":%.3f,\n", fill, launch, launch_p90, clk);
-  std::fprintf(f, "\"fill_ns_per_iteration\":%s,\n\"launch_ns\":%s}\n", json_array(fill_ns).c_str(), json_array(launch_ns).c_str());
+  std::fprintf(f, "\"fill_median_ns\":%.3f,\"launch_median_ns\":%.3f,\"launch_p90_ns\":%.3f,\"clock_ns\":%.3f,\n", fill,
+               launch, launch_p90, clk);
+  std::fprintf(f, "\"fill_ns_per_iteration\":%s,\n\"launch_ns\":%s}\n", json_array(fill_ns).c_str(),
+               json_array(launch_ns).c_str());
   std::fclose(f);
   return 0;
 }
@@ -272,7 +281,9 @@ int bench_bucketing() {
       if (layout < 0 && msg != 10000000) continue;
       ddp_config_t cfg = config(layout < 0 ? DDP_LAYOUT_COPY : layout, msg);
       if (layout < 0) cfg.inplace_min_numel = inplace;
-      const char* name = layout == DDP_LAYOUT_ARENA ? "arena" : layout < 0 ? "copy, in place >= BENCH_INPLACE_NUMEL" : "copy";
+      const char* name = layout == DDP_LAYOUT_ARENA ? "arena"
+                         : layout < 0               ? "copy, in place >= BENCH_INPLACE_NUMEL"
+                                                    : "copy";
       Row row{name, msg, 0, make_model(comm, cfg, sizes), {}};
       row.buckets = num_buckets(row.m.ddp);
       iteration_ms(row.m);  // warm-up: first touches of the staging buffers
@@ -297,13 +308,15 @@ int bench_bucketing() {
     MPI_Barrier(dup);
     t0 = now_ns();
     for (size_t off = 0; off < total; off += size_t(1) << 20)
-      MPI_Allreduce(MPI_IN_PLACE, flat.data() + off, int(std::min(size_t(1) << 20, total - off)), MPI_FLOAT, MPI_SUM, dup);
+      MPI_Allreduce(MPI_IN_PLACE, flat.data() + off, int(std::min(size_t(1) << 20, total - off)), MPI_FLOAT, MPI_SUM,
+                    dup);
     ms = max_over_ranks(double(now_ns() - t0) / 1e6);
     if (r) pieces_ms.push_back(ms);
     MPI_Barrier(dup);
     t0 = now_ns();
     for (size_t off = 0; off < total; off += size_t(1) << 20) {
-      MPI_Iallreduce(MPI_IN_PLACE, flat.data() + off, int(std::min(size_t(1) << 20, total - off)), MPI_FLOAT, MPI_SUM, dup, &req);
+      MPI_Iallreduce(MPI_IN_PLACE, flat.data() + off, int(std::min(size_t(1) << 20, total - off)), MPI_FLOAT, MPI_SUM,
+                     dup, &req);
       for (int done = 0; !done;) {
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (!done) sched_yield();
@@ -323,11 +336,16 @@ int bench_bucketing() {
   if (g_rank == 0) {
     std::printf("\n## 2. bucketing cost: %d ranks, %zu f32 grads, %.1fM elements (%.0f MB)\n\n", g_world, sizes.size(),
                 double(total) / 1e6, double(total) * 4 / 1e6);
-    std::printf("all grads marked ready back to back, then ddp_finish_backward; median of %d interleaved rounds, slowest rank\n\n", reps);
+    std::printf(
+        "all grads marked ready back to back, then ddp_finish_backward; median of %d interleaved rounds, slowest "
+        "rank\n\n",
+        reps);
     // The floor the engine is judged on: blocking MPI_Allreduce in 4 MB pieces (a single large
     // collective is slower on Open MPI 4.1.4).
     const double floor = median(pieces_ms);
-    std::printf("| what | message_size | buckets | ms | over flat MPI_Allreduce | over 4 MB pieces (the floor) |\n|---|---:|---:|---:|---:|---:|\n");
+    std::printf(
+        "| what | message_size | buckets | ms | over flat MPI_Allreduce | over 4 MB pieces (the floor) "
+        "|\n|---|---:|---:|---:|---:|---:|\n");
     auto line = [&](const char* what, const char* msg, int buckets, double ms) {
       std::printf("| %s | %s | %d | %.1f | %.3f | %.3f |\n", what, msg, buckets, ms, ms / limit, ms / floor);
     };
@@ -345,17 +363,20 @@ int bench_bucketing() {
       return 0.0;
     };
     std::printf("\n(in place: inplace_min_numel = %zu)\n", inplace);
-    std::printf("\ntargets at the default message_size (10M), over the floor: arena <= 1.10: %.3f %s; copy <= 1.35: %.3f %s\n",
-                at("arena", 10000000), at("arena", 10000000) <= 1.10 ? "met" : "MISSED", at("copy", 10000000),
-                at("copy", 10000000) <= 1.35 ? "met" : "MISSED");
+    std::printf(
+        "\ntargets at the default message_size (10M), over the floor: arena <= 1.10: %.3f %s; copy <= 1.35: %.3f %s\n",
+        at("arena", 10000000), at("arena", 10000000) <= 1.10 ? "met" : "MISSED", at("copy", 10000000),
+        at("copy", 10000000) <= 1.35 ? "met" : "MISSED");
     FILE* f = open_json("bucketing");
     json_head(f, "bucketing");
-    std::fprintf(f, "\"grads\":%zu,\"numel\":%zu,\"flat_allreduce_ms\":%s,\"flat_iallreduce_poll_ms\":%s,\"flat_pieces_4mb_ms\":%s,\"flat_poll_pieces_4mb_ms\":%s,\n\"runs\":[",
-                 sizes.size(), total, json_array(flat_ms).c_str(), json_array(poll_ms).c_str(), json_array(pieces_ms).c_str(),
-                 json_array(poll_pieces_ms).c_str());
+    std::fprintf(f,
+                 "\"grads\":%zu,\"numel\":%zu,\"flat_allreduce_ms\":%s,\"flat_iallreduce_poll_ms\":%s,\"flat_pieces_"
+                 "4mb_ms\":%s,\"flat_poll_pieces_4mb_ms\":%s,\n\"runs\":[",
+                 sizes.size(), total, json_array(flat_ms).c_str(), json_array(poll_ms).c_str(),
+                 json_array(pieces_ms).c_str(), json_array(poll_pieces_ms).c_str());
     for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "%s\n{\"layout\":\"%s\",\"message_size\":%zu,\"buckets\":%d,\"ms\":%s}", i ? "," : "", rows[i].layout,
-                   rows[i].message_size, rows[i].buckets, json_array(rows[i].ms).c_str());
+      std::fprintf(f, "%s\n{\"layout\":\"%s\",\"message_size\":%zu,\"buckets\":%d,\"ms\":%s}", i ? "," : "",
+                   rows[i].layout, rows[i].message_size, rows[i].buckets, json_array(rows[i].ms).c_str());
     std::fprintf(f, "]}\n");
     std::fclose(f);
   }
@@ -437,25 +458,30 @@ int bench_overlap() {
     const double comp = median(compute_ms), lastr = median(last_ms), ideal = comp + lastr;
     std::printf("\n## 3. overlap: %d ranks, %d grads of %zuM f32, %.1f ms sleep before each, %d buckets of %zuM\n\n",
                 g_world, G, numel / 1000000, double(compute_ns) / 1e6, buckets, msg / 1000000);
-    std::printf("compute alone %.1f ms; last bucket's reduce alone (MPI_Allreduce of %zu MB) %.1f ms; ideal = %.1f ms\n\n",
-                comp, msg * 4 / 1000000, lastr, ideal);
-    std::printf("| run | step ms | over compute + last reduce | exposed ms (ddp_finish_backward wait) | backward loop ms (step - exposed) | loop over compute alone | bucket launch-to-done summed, ms per step |\n"
-                "|---|---:|---:|---:|---:|---:|---:|\n");
+    std::printf(
+        "compute alone %.1f ms; last bucket's reduce alone (MPI_Allreduce of %zu MB) %.1f ms; ideal = %.1f ms\n\n",
+        comp, msg * 4 / 1000000, lastr, ideal);
+    std::printf(
+        "| run | step ms | over compute + last reduce | exposed ms (ddp_finish_backward wait) | backward loop ms (step "
+        "- exposed) | loop over compute alone | bucket launch-to-done summed, ms per step |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %.1f | %.3f | %.1f | %.1f | %.3f | %.1f |\n", r.name, median(r.ms), median(r.ms) / ideal, r.exposed_ms,
-                  median(r.ms) - r.exposed_ms, (median(r.ms) - r.exposed_ms) / comp, r.comm_ms);
+      std::printf("| %s | %.1f | %.3f | %.1f | %.1f | %.3f | %.1f |\n", r.name, median(r.ms), median(r.ms) / ideal,
+                  r.exposed_ms, median(r.ms) - r.exposed_ms, (median(r.ms) - r.exposed_ms) / comp, r.comm_ms);
     std::printf("\ntarget: overlapped within 10%% of compute + last reduce: arena %.3f %s, copy %.3f %s\n",
                 median(rows[0].ms) / ideal, median(rows[0].ms) / ideal <= 1.10 ? "met" : "MISSED",
                 median(rows[1].ms) / ideal, median(rows[1].ms) / ideal <= 1.10 ? "met" : "MISSED");
     FILE* f = open_json("overlap");
     json_head(f, "overlap");
-    std::fprintf(f, "\"grads\":%d,\"numel_per_grad\":%zu,\"compute_ns_per_grad\":%" PRIu64 ",\"message_size\":%zu,\"buckets\":%d,\n",
+    std::fprintf(f,
+                 "\"grads\":%d,\"numel_per_grad\":%zu,\"compute_ns_per_grad\":%" PRIu64
+                 ",\"message_size\":%zu,\"buckets\":%d,\n",
                  G, numel, compute_ns, msg, buckets);
     std::fprintf(f, "\"compute_ms\":%s,\"last_bucket_reduce_ms\":%s,\n\"runs\":[", json_array(compute_ms).c_str(),
                  json_array(last_ms).c_str());
     for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "%s\n{\"run\":\"%s\",\"step_ms\":%s,\"exposed_ms\":%.3f,\"comm_ms\":%.3f}", i ? "," : "", rows[i].name,
-                   json_array(rows[i].ms).c_str(), rows[i].exposed_ms, rows[i].comm_ms);
+      std::fprintf(f, "%s\n{\"run\":\"%s\",\"step_ms\":%s,\"exposed_ms\":%.3f,\"comm_ms\":%.3f}", i ? "," : "",
+                   rows[i].name, json_array(rows[i].ms).c_str(), rows[i].exposed_ms, rows[i].comm_ms);
     std::fprintf(f, "]}\n");
     std::fclose(f);
   }
@@ -518,7 +544,8 @@ int bench_lastready(double pace_copy_ms, double pace_arena_ms) {
     for (size_t g = 0; g < sizes.size(); ++g)
       for (size_t i = 0; i < sizes[g]; ++i)
         if (std::fabs(m.grads[g][i] - want) > 1e-4) {
-          std::fprintf(stderr, "rank %d: grad %zu[%zu] = %g after reduction, want %g\n", g_rank, g, i, m.grads[g][i], want);
+          std::fprintf(stderr, "rank %d: grad %zu[%zu] = %g after reduction, want %g\n", g_rank, g, i, m.grads[g][i],
+                       want);
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
     ddp_destroy(m.ddp);
@@ -529,14 +556,15 @@ int bench_lastready(double pace_copy_ms, double pace_arena_ms) {
     json_head(f, "lastready_libddp");
     std::fprintf(f, "\"message_size\":%zu,\"runs\":[", msg);
     for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "%s\n{\"layout\":\"%s\",\"pace_ms\":%.3f,\"buckets\":%d,\"tail_ms\":%s,\"step_ms\":%s,\"ready_ms\":%s}",
-                   i ? "," : "", rows[i].layout, rows[i].pace_ms, rows[i].buckets, json_array(rows[i].tail_ms).c_str(),
-                   json_array(rows[i].step_ms).c_str(), json_array(rows[i].ready_ms).c_str());
+      std::fprintf(
+          f, "%s\n{\"layout\":\"%s\",\"pace_ms\":%.3f,\"buckets\":%d,\"tail_ms\":%s,\"step_ms\":%s,\"ready_ms\":%s}",
+          i ? "," : "", rows[i].layout, rows[i].pace_ms, rows[i].buckets, json_array(rows[i].tail_ms).c_str(),
+          json_array(rows[i].step_ms).c_str(), json_array(rows[i].ready_ms).c_str());
     std::fprintf(f, "]}\n");
     std::fclose(f);
     for (const Row& r : rows)
-      std::printf("libddp %s%s: %d buckets, last ready -> reduced %.1f ms, whole backward %.1f ms (median of %d)\n", r.layout,
-                  r.pace_ms > 0 ? ", paced" : "", r.buckets, median(r.tail_ms), median(r.step_ms), reps);
+      std::printf("libddp %s%s: %d buckets, last ready -> reduced %.1f ms, whole backward %.1f ms (median of %d)\n",
+                  r.layout, r.pace_ms > 0 ? ", paced" : "", r.buckets, median(r.tail_ms), median(r.step_ms), reps);
   }
   return 0;
 }
@@ -584,15 +612,18 @@ int bench_memory(const char* layout_name) {
     std::string name = std::string("memory_") + layout_name;
     FILE* f = open_json(name.c_str());
     json_head(f, name.c_str());
-    std::fprintf(f, "\"layout\":\"%s\",\"grad_bytes\":%.0f,\"library_bytes\":%" PRIu64 ",\"arena_bytes\":%" PRIu64
-                    ",\"library_beyond_grads\":%.0f,\"rss_beyond_grads\":%.0f,\"peak_rss_beyond_grads\":%.0f,"
-                    "\"rss_base_kb\":%ld,\"rss_kb\":%ld,\"peak_rss_kb\":%ld}\n",
-                 layout_name, grad_bytes, st.library_bytes, st.arena_bytes, mx[0], mx[1], mx[2], base_kb, rss_kb_now, hwm_kb);
+    std::fprintf(f,
+                 "\"layout\":\"%s\",\"grad_bytes\":%.0f,\"library_bytes\":%" PRIu64 ",\"arena_bytes\":%" PRIu64
+                 ",\"library_beyond_grads\":%.0f,\"rss_beyond_grads\":%.0f,\"peak_rss_beyond_grads\":%.0f,"
+                 "\"rss_base_kb\":%ld,\"rss_kb\":%ld,\"peak_rss_kb\":%ld}\n",
+                 layout_name, grad_bytes, st.library_bytes, st.arena_bytes, mx[0], mx[1], mx[2], base_kb, rss_kb_now,
+                 hwm_kb);
     std::fclose(f);
-    std::printf("memory %s: grads %.1f MB, library_bytes %.1f MB (arena %.1f MB), beyond the grads: library %.1f MB (%.4f x), "
-                "RSS %.1f MB (%.4f x), peak RSS %.1f MB (%.4f x)\n",
-                layout_name, grad_bytes / 1e6, double(st.library_bytes) / 1e6, double(st.arena_bytes) / 1e6, mx[0] / 1e6,
-                mx[0] / grad_bytes, mx[1] / 1e6, mx[1] / grad_bytes, mx[2] / 1e6, mx[2] / grad_bytes);
+    std::printf(
+        "memory %s: grads %.1f MB, library_bytes %.1f MB (arena %.1f MB), beyond the grads: library %.1f MB (%.4f x), "
+        "RSS %.1f MB (%.4f x), peak RSS %.1f MB (%.4f x)\n",
+        layout_name, grad_bytes / 1e6, double(st.library_bytes) / 1e6, double(st.arena_bytes) / 1e6, mx[0] / 1e6,
+        mx[0] / grad_bytes, mx[1] / 1e6, mx[1] / grad_bytes, mx[2] / 1e6, mx[2] / grad_bytes);
   }
   return 0;
 }
@@ -605,7 +636,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (argc < 3) {
-    if (g_rank == 0) std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory OUTDIR [copy|arena]\n");
+    if (g_rank == 0)
+      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory OUTDIR [copy|arena]\n");
     MPI_Finalize();
     return 2;
   }
@@ -616,13 +648,18 @@ int main(int argc, char** argv) {
     if (g_rank == 0)
       for (size_t n : transformer_grad_sizes()) std::printf("%zu\n", n);
     rc = 0;
-  } else if (what == "hook") rc = g_rank == 0 ? bench_hook() : 0;
-  else if (what == "bucketing") rc = bench_bucketing();
-  else if (what == "overlap") rc = bench_overlap();
+  } else if (what == "hook")
+    rc = g_rank == 0 ? bench_hook() : 0;
+  else if (what == "bucketing")
+    rc = bench_bucketing();
+  else if (what == "overlap")
+    rc = bench_overlap();
   else if (what == "lastready")
     rc = bench_lastready(argc > 3 ? std::atof(argv[3]) : 0.0, argc > 4 ? std::atof(argv[4]) : 0.0);
-  else if (what == "memory" && argc > 3) rc = bench_memory(argv[3]);
-  else if (g_rank == 0) std::fprintf(stderr, "unknown benchmark '%s'\n", what.c_str());
+  else if (what == "memory" && argc > 3)
+    rc = bench_memory(argv[3]);
+  else if (g_rank == 0)
+    std::fprintf(stderr, "unknown benchmark '%s'\n", what.c_str());
   std::fflush(stdout);
   MPI_Finalize();
   return rc;

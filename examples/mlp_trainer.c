@@ -134,8 +134,8 @@ typedef struct model {
 static size_t wcount(int l) { return (size_t)kDims[l] * (size_t)kDims[l + 1]; }
 
 /* y[B][out] = x[B][in] W[in][out] + b */
-static void linear_forward(const float* restrict x, const float* restrict W, const float* restrict b,
-                           float* restrict y, int B, int in, int out) {
+static void linear_forward(const float* restrict x, const float* restrict W, const float* restrict b, float* restrict y,
+                           int B, int in, int out) {
   for (int r = 0; r < B; ++r) {
     float* yr = y + (size_t)r * out;
     memcpy(yr, b, (size_t)out * sizeof(float));
@@ -269,8 +269,7 @@ static void layer_grads_ready(trainer_t* t, model_t* m, int l) {
 #ifdef DDP_EXAMPLE_CUDA
   if (t->device_grads) {
     cudaMemcpyAsync(t->dev[l][0], m->dW[l], wcount(l) * sizeof(float), cudaMemcpyHostToDevice, t->stream);
-    cudaMemcpyAsync(t->dev[l][1], m->db[l], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyHostToDevice,
-                    t->stream);
+    cudaMemcpyAsync(t->dev[l][1], m->db[l], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyHostToDevice, t->stream);
   }
 #endif
   check(ddp_grad_ready(t->ddp, t->grad_index[l][0]), "ddp_grad_ready");
@@ -292,8 +291,7 @@ static void grads_to_host(trainer_t* t, model_t* m) {
   if (t->device_grads) {
     for (int l = 0; l < NUM_LAYERS; ++l) {
       cudaMemcpyAsync(m->dW[l], t->dev[l][0], wcount(l) * sizeof(float), cudaMemcpyDeviceToHost, t->stream);
-      cudaMemcpyAsync(m->db[l], t->dev[l][1], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyDeviceToHost,
-                      t->stream);
+      cudaMemcpyAsync(m->db[l], t->dev[l][1], (size_t)kDims[l + 1] * sizeof(float), cudaMemcpyDeviceToHost, t->stream);
     }
     if (cudaStreamSynchronize(t->stream) != cudaSuccess) {
       fprintf(stderr, "rank %d: CUDA stream failed\n", t->rank);
@@ -349,21 +347,34 @@ static options_t parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--delay")) o.delay = 1;
-    else if (!strcmp(a, "--quiet")) o.quiet = 1;
-    else if (!v) usage();
-    else if (!strcmp(a, "--steps")) o.steps = atoi(v), ++i;
-    else if (!strcmp(a, "--batch")) o.batch = atoi(v), ++i;
-    else if (!strcmp(a, "--lr")) o.lr = (float)atof(v), ++i;
-    else if (!strcmp(a, "--message-size")) o.message_size = (size_t)atoll(v), ++i;
-    else if (!strcmp(a, "--comm")) o.comm = v, ++i;
-    else if (!strcmp(a, "--timeline")) o.timeline = v, ++i;
+    if (!strcmp(a, "--delay"))
+      o.delay = 1;
+    else if (!strcmp(a, "--quiet"))
+      o.quiet = 1;
+    else if (!v)
+      usage();
+    else if (!strcmp(a, "--steps"))
+      o.steps = atoi(v), ++i;
+    else if (!strcmp(a, "--batch"))
+      o.batch = atoi(v), ++i;
+    else if (!strcmp(a, "--lr"))
+      o.lr = (float)atof(v), ++i;
+    else if (!strcmp(a, "--message-size"))
+      o.message_size = (size_t)atoll(v), ++i;
+    else if (!strcmp(a, "--comm"))
+      o.comm = v, ++i;
+    else if (!strcmp(a, "--timeline"))
+      o.timeline = v, ++i;
     else if (!strcmp(a, "--layout")) {
-      if (!strcmp(v, "arena")) o.layout = DDP_LAYOUT_ARENA;
-      else if (!strcmp(v, "copy")) o.layout = DDP_LAYOUT_COPY;
-      else usage();
+      if (!strcmp(v, "arena"))
+        o.layout = DDP_LAYOUT_ARENA;
+      else if (!strcmp(v, "copy"))
+        o.layout = DDP_LAYOUT_COPY;
+      else
+        usage();
       ++i;
-    } else usage();
+    } else
+      usage();
   }
   if (o.steps < 1 || o.batch < 1 || o.message_size < 1) usage();
   return o;
@@ -479,10 +490,11 @@ int main(int argc, char** argv) {
   int nb = 0;
   check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
   if (t.rank == 0)
-    printf("mlp_trainer: %d ranks over %s, %.2fM parameters in %d grads, %d buckets (%s layout, "
-           "message_size %zu%s), batch %d per rank (%d global)\n",
-           t.world, opt.comm, (double)params / 1e6, 2 * NUM_LAYERS, nb, arena ? "arena" : "copy",
-           opt.message_size, opt.delay ? ", delay_allreduce" : "", B, B * t.world);
+    printf(
+        "mlp_trainer: %d ranks over %s, %.2fM parameters in %d grads, %d buckets (%s layout, "
+        "message_size %zu%s), batch %d per rank (%d global)\n",
+        t.world, opt.comm, (double)params / 1e6, 2 * NUM_LAYERS, nb, arena ? "arena" : "copy", opt.message_size,
+        opt.delay ? ", delay_allreduce" : "", B, B * t.world);
 
   int* labels = xmalloc((size_t)B * sizeof(int));
   double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
@@ -526,8 +538,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < t.world; ++r) loss += all[2 * r];
     loss /= t.world;
     if (all[1] != mine[1]) {
-      fprintf(stderr, "rank %d: step %d: parameters differ from rank 0's (checksum %.17g vs %.17g)\n",
-              t.rank, step, mine[1], all[1]);
+      fprintf(stderr, "rank %d: step %d: parameters differ from rank 0's (checksum %.17g vs %.17g)\n", t.rank, step,
+              mine[1], all[1]);
       exit(1);
     }
     /* Rank 0 reports progress; the other ranks speak only when they disagree (checked above). */
@@ -543,7 +555,8 @@ int main(int argc, char** argv) {
   for (int start = t.rank * B; start < TEST_SAMPLES; start += B * t.world) {
     int n = TEST_SAMPLES - start < B ? TEST_SAMPLES - start : B;
     m.batch = n;
-    for (int r = 0; r < n; ++r) labels[r] = draw_sample(TRAIN_SAMPLES + (uint64_t)(start + r), m.act[0] + (size_t)r * INPUT_DIM);
+    for (int r = 0; r < n; ++r)
+      labels[r] = draw_sample(TRAIN_SAMPLES + (uint64_t)(start + r), m.act[0] + (size_t)r * INPUT_DIM);
     int c = 0;
     (void)forward(&m, labels, &c);
     correct_sum += c;
@@ -565,17 +578,18 @@ int main(int argc, char** argv) {
   memcpy(sorted, opt.steps > 1 ? steps_s + 1 : steps_s, (size_t)ns * sizeof(double));
   qsort(sorted, (size_t)ns, sizeof(double), cmp_double);
   if (t.rank == 0) {
-    printf("loss %.4f -> %.4f over %d steps; test accuracy %.2f%% (%d samples)\n", first_loss, last_loss,
-           opt.steps, 100.0 * correct_all / (seen_all > 0 ? seen_all : 1), (int)seen_all);
+    printf("loss %.4f -> %.4f over %d steps; test accuracy %.2f%% (%d samples)\n", first_loss, last_loss, opt.steps,
+           100.0 * correct_all / (seen_all > 0 ? seen_all : 1), (int)seen_all);
     printf("step time: median %.1f ms (min %.1f, max %.1f); forward+backward compute %.1f ms per step\n",
            1e3 * sorted[ns / 2], 1e3 * sorted[0], 1e3 * sorted[ns - 1], 1e3 * compute_s / opt.steps);
-    printf("libddp stats (rank 0): iterations %llu, buckets reduced %llu, bytes reduced %.1f MB, comm time "
-           "%.1f ms, exposed comm time %.1f ms (%.2f ms per step, last %.2f ms), library memory %.1f MB "
-           "(arena %.1f MB)\n",
-           (unsigned long long)st.iterations, (unsigned long long)st.buckets_reduced, (double)st.bytes_reduced / 1e6,
-           (double)st.comm_time_ns / 1e6, (double)st.exposed_time_ns / 1e6,
-           (double)st.exposed_time_ns / 1e6 / (st.iterations ? (double)st.iterations : 1.0),
-           (double)st.last_exposed_ns / 1e6, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
+    printf(
+        "libddp stats (rank 0): iterations %llu, buckets reduced %llu, bytes reduced %.1f MB, comm time "
+        "%.1f ms, exposed comm time %.1f ms (%.2f ms per step, last %.2f ms), library memory %.1f MB "
+        "(arena %.1f MB)\n",
+        (unsigned long long)st.iterations, (unsigned long long)st.buckets_reduced, (double)st.bytes_reduced / 1e6,
+        (double)st.comm_time_ns / 1e6, (double)st.exposed_time_ns / 1e6,
+        (double)st.exposed_time_ns / 1e6 / (st.iterations ? (double)st.iterations : 1.0),
+        (double)st.last_exposed_ns / 1e6, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
     printf("ranks agree: losses and parameters identical on all %d ranks at every step\n", t.world);
   }
   int fell = last_loss < first_loss;

@@ -55,25 +55,25 @@ extern "C" {
  * Status codes. Values are explicit and never renumbered; new codes are added before the count.
  * X(name, value, fixed text)
  * --------------------------------------------------------------------------------------------- */
-#define DDP_STATUS_MAP(X)                                                                  \
-  X(DDP_SUCCESS, 0, "success")                                                             \
-  X(DDP_ERR_INVALID_ARGUMENT, 1, "invalid argument")                                       \
-  X(DDP_ERR_INVALID_STATE, 2, "call not valid in the current state")                       \
-  X(DDP_ERR_MISMATCH, 3, "ranks disagree")                                                 \
-  X(DDP_ERR_OUT_OF_MEMORY, 4, "out of memory")                                             \
-  X(DDP_ERR_UNSUPPORTED, 5, "not supported by this build or backend")                      \
-  X(DDP_ERR_CUDA, 6, "CUDA error")                                                         \
-  X(DDP_ERR_NCCL, 7, "NCCL error")                                                         \
-  X(DDP_ERR_MPI, 8, "MPI error")                                                           \
-  X(DDP_ERR_TIMEOUT, 9, "timed out waiting for other ranks")                               \
-  X(DDP_ERR_ABORTED, 10, "context aborted after an earlier fatal error")                   \
+#define DDP_STATUS_MAP(X)                                                \
+  X(DDP_SUCCESS, 0, "success")                                           \
+  X(DDP_ERR_INVALID_ARGUMENT, 1, "invalid argument")                     \
+  X(DDP_ERR_INVALID_STATE, 2, "call not valid in the current state")     \
+  X(DDP_ERR_MISMATCH, 3, "ranks disagree")                               \
+  X(DDP_ERR_OUT_OF_MEMORY, 4, "out of memory")                           \
+  X(DDP_ERR_UNSUPPORTED, 5, "not supported by this build or backend")    \
+  X(DDP_ERR_CUDA, 6, "CUDA error")                                       \
+  X(DDP_ERR_NCCL, 7, "NCCL error")                                       \
+  X(DDP_ERR_MPI, 8, "MPI error")                                         \
+  X(DDP_ERR_TIMEOUT, 9, "timed out waiting for other ranks")             \
+  X(DDP_ERR_ABORTED, 10, "context aborted after an earlier fatal error") \
   X(DDP_ERR_INTERNAL, 11, "internal error")
 
 typedef enum ddp_status {
 #define DDP_STATUS_ENUM_(name, value, text) name = value,
   DDP_STATUS_MAP(DDP_STATUS_ENUM_)
 #undef DDP_STATUS_ENUM_
-  DDP_STATUS_COUNT
+      DDP_STATUS_COUNT
 } ddp_status_t;
 
 /* Element types of gradients. */
@@ -136,7 +136,7 @@ DDP_API int ddp_version(void);
  * Communicators
  * --------------------------------------------------------------------------------------------- */
 
-typedef struct ddp_comm* ddp_comm_t;           /* a communicator over a set of ranks */
+typedef struct ddp_comm* ddp_comm_t;               /* a communicator over a set of ranks */
 typedef struct ddp_local_group* ddp_local_group_t; /* in-process ranks (threads), for tests */
 typedef struct ddp_nccl_id {
   char bytes[128]; /* opaque, the same as ncclUniqueId */
@@ -165,8 +165,8 @@ DDP_API ddp_status_t ddp_local_group_destroy(ddp_local_group_t group);
 DDP_API ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id);
 /* Device-memory communicator over NCCL for rank `rank` of `nranks`, on CUDA device `cuda_device`.
  * Collective. DDP_ERR_UNSUPPORTED in a build without CUDA; DDP_ERR_CUDA when no device is usable. */
-DDP_API ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank,
-                                        int cuda_device, ddp_comm_t* comm);
+DDP_API ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                        ddp_comm_t* comm);
 /* As ddp_comm_init_nccl, with the id made on rank 0 of `mpi_comm` (an MPI_Comm*, NULL for world) and
  * broadcast over it. Collective over the MPI communicator. */
 DDP_API ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* comm);
@@ -252,26 +252,26 @@ typedef struct ddp_config {
 #define DDP_CONFIG_V1_SIZE (offsetof(ddp_config_t, inplace_min_numel) + sizeof(size_t))
 
 /* The defaults, field by field, in declaration order. */
-#define DDP_CONFIG_INITIALIZER                                                       \
-  {                                                                                  \
-    sizeof(ddp_config_t), /* size */                                                 \
-        DDP_CONFIG_MAGIC, /* magic */                                                \
-        DDP_CONFIG_VERSION, /* version */                                            \
-        10000000u,          /* message_size: 10M elements */                         \
-        0,                  /* delay_allreduce: off */                               \
-        DDP_LAYOUT_COPY,    /* layout */                                             \
-        DDP_PLAN_LEARNED,   /* plan_order */                                         \
-        0,                  /* allreduce_always_fp32: off */                         \
-        1,                  /* gradient_average: on */                               \
-        1.0,                /* gradient_predivide_factor */                          \
-        1,                  /* num_streams */                                        \
-        NULL,               /* stream_comms: the context duplicates its own comm */  \
-        300000,             /* timeout_ms: 5 minutes */                              \
-        DDP_UNUSED_ERROR,   /* unused_policy */                                      \
-        NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */     \
-        0,                  /* check_finite: off */                                  \
-        0,                  /* inplace_min_numel: never */                           \
-        0                   /* host_piece_bytes: the library's choice */             \
+#define DDP_CONFIG_INITIALIZER                                                      \
+  {                                                                                 \
+    sizeof(ddp_config_t),   /* size */                                              \
+        DDP_CONFIG_MAGIC,   /* magic */                                             \
+        DDP_CONFIG_VERSION, /* version */                                           \
+        10000000u,          /* message_size: 10M elements */                        \
+        0,                  /* delay_allreduce: off */                              \
+        DDP_LAYOUT_COPY,    /* layout */                                            \
+        DDP_PLAN_LEARNED,   /* plan_order */                                        \
+        0,                  /* allreduce_always_fp32: off */                        \
+        1,                  /* gradient_average: on */                              \
+        1.0,                /* gradient_predivide_factor */                         \
+        1,                  /* num_streams */                                       \
+        NULL,               /* stream_comms: the context duplicates its own comm */ \
+        300000,             /* timeout_ms: 5 minutes */                             \
+        DDP_UNUSED_ERROR,   /* unused_policy */                                     \
+        NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */    \
+        0,                  /* check_finite: off */                                 \
+        0,                  /* inplace_min_numel: never */                          \
+        0                   /* host_piece_bytes: the library's choice */            \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -302,8 +302,8 @@ DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp
  * NCCL); it may be changed later with ddp_set_grad_ptr or ddp_grad_ready_ptr. Arena layout: `grad`
  * must be NULL; the library allocates the storage (zeroed) when registration closes, see ddp_grad_ptr.
  * Only before registration closes. Not thread-safe with other calls on the same context. */
-DDP_API ddp_status_t ddp_register_grad(ddp_t ddp, void* grad, size_t numel, ddp_dtype_t dtype,
-                                       unsigned flags, int* index);
+DDP_API ddp_status_t ddp_register_grad(ddp_t ddp, void* grad, size_t numel, ddp_dtype_t dtype, unsigned flags,
+                                       int* index);
 
 /* Closes registration: checks that every rank registered the same grads with the same config
  * (DDP_ERR_MISMATCH on every rank otherwise, naming the first difference), builds the first plan and
@@ -359,8 +359,8 @@ DDP_API ddp_status_t ddp_reduce_all(ddp_t ddp, void* stream);
  * construction). buffers[i] holds counts[i] elements of dtypes[i], in the comm's memory kind. Uses its
  * own channel, so it may be called before or after registration closes. Blocks until done (host) or
  * until enqueued on `stream` (GPU). Collective. */
-DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t* counts,
-                                   const ddp_dtype_t* dtypes, int n, int root, void* stream);
+DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes,
+                                   int n, int root, void* stream);
 
 /* Waits on the host until all work the library enqueued has finished. */
 DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
@@ -390,12 +390,12 @@ DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);
 /* One bucket of the current plan. A versioned struct, like ddp_stats_t: set `size` to
  * sizeof(ddp_bucket_info_t) first; the library writes the fields within `size` bytes. */
 typedef struct ddp_bucket_info {
-  size_t size;        /* sizeof(ddp_bucket_info_t) as compiled by the caller */
-  ddp_dtype_t dtype;  /* the grads' type */
-  ddp_dtype_t wire;   /* the type the collective sums in */
-  size_t numel;       /* elements in the bucket */
-  int num_grads;      /* grads in the bucket */
-  int stream;         /* the stream/communicator it goes to */
+  size_t size;       /* sizeof(ddp_bucket_info_t) as compiled by the caller */
+  ddp_dtype_t dtype; /* the grads' type */
+  ddp_dtype_t wire;  /* the type the collective sums in */
+  size_t numel;      /* elements in the bucket */
+  int num_grads;     /* grads in the bucket */
+  int stream;        /* the stream/communicator it goes to */
 } ddp_bucket_info_t;
 
 /* Number of buckets in the current plan (closing registration if open). *learned is 1 once the plan
@@ -404,8 +404,7 @@ DDP_API ddp_status_t ddp_get_plan(ddp_t ddp, int* num_buckets, int* learned);
 
 /* Bucket `bucket` of the current plan into *info (whose `size` the caller set), and up to `capacity`
  * of its grad indices, in bucket order, into `grads` (may be NULL with capacity 0). */
-DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* info, int* grads,
-                                    size_t capacity);
+DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity);
 
 /* Destroys the context: waits for its work (bounded by timeout_ms), frees its buffers (arena views
  * become invalid) and its communicator duplicates. Accepts NULL. Not collective. */

@@ -40,14 +40,14 @@ DDP_HD uint16_t f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
   if (a < 0x38800000u) {
     // Result is subnormal (or zero): value = a * 2^24 in units of the smallest subnormal 2^-24.
     if (a < 0x33000000u) return sign;  // below half the smallest subnormal: zero
     uint32_t exp = a >> 23;            // biased f32 exponent, 102..112
     uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - exp;       // so that mant >> shift is the subnormal count
+    uint32_t shift = 126u - exp;  // so that mant >> shift is the subnormal count
     uint32_t q = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t half = 1u << (shift - 1u);

@@ -14,14 +14,16 @@ namespace {
 // One block per kChunk elements of one segment; the block finds its segment by binary search over
 // first_block (every segment has at least one block, so first_block is strictly increasing).
 template <class S, class D>
-__global__ void __launch_bounds__(kThreads) multi_tensor_kernel(const SegDesc* __restrict__ segs, int nseg,
-                                                                void* flat, int pack, double scale) {
+__global__ void __launch_bounds__(kThreads)
+    multi_tensor_kernel(const SegDesc* __restrict__ segs, int nseg, void* flat, int pack, double scale) {
   const uint64_t b = blockIdx.x;
   int lo = 0, hi = nseg - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
-    if (segs[mid].first_block <= b) lo = mid;
-    else hi = mid - 1;
+    if (segs[mid].first_block <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const SegDesc sg = segs[lo];
   const uint64_t begin = (b - sg.first_block) * kChunk;
@@ -69,16 +71,16 @@ unsigned grid_for(size_t n) {
 }
 
 template <class S, class D>
-cudaError_t launch_typed(const SegDesc* segs, int nseg, uint64_t total_blocks, void* flat, int pack,
-                         double scale, cudaStream_t stream) {
-  multi_tensor_kernel<S, D><<<static_cast<unsigned>(total_blocks), kThreads, 0, stream>>>(segs, nseg, flat, pack,
-                                                                                           scale);
+cudaError_t launch_typed(const SegDesc* segs, int nseg, uint64_t total_blocks, void* flat, int pack, double scale,
+                         cudaStream_t stream) {
+  multi_tensor_kernel<S, D>
+      <<<static_cast<unsigned>(total_blocks), kThreads, 0, stream>>>(segs, nseg, flat, pack, scale);
   return cudaGetLastError();
 }
 
 template <class S>
-cudaError_t launch_from(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t dst, void* flat,
-                        int pack, double scale, cudaStream_t stream) {
+cudaError_t launch_from(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t dst, void* flat, int pack,
+                        double scale, cudaStream_t stream) {
   switch (dst) {
     case DDP_F16: return launch_typed<S, elem::F16>(segs, nseg, total_blocks, flat, pack, scale, stream);
     case DDP_BF16: return launch_typed<S, elem::BF16>(segs, nseg, total_blocks, flat, pack, scale, stream);
@@ -90,8 +92,8 @@ cudaError_t launch_from(const SegDesc* segs, int nseg, uint64_t total_blocks, dd
 
 }  // namespace
 
-cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src,
-                                ddp_dtype_t dst, void* flat, int pack, double scale, cudaStream_t stream) {
+cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src, ddp_dtype_t dst,
+                                void* flat, int pack, double scale, cudaStream_t stream) {
   if (nseg <= 0 || total_blocks == 0) return cudaSuccess;
   if (total_blocks > 0x7fffffffull) return cudaErrorInvalidConfiguration;
   switch (src) {
@@ -103,8 +105,8 @@ cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_bl
   }
 }
 
-cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes,
-                         int n, cudaStream_t stream) {
+cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes, int n,
+                         cudaStream_t stream) {
   return cub::DeviceMemcpy::Batched(temp, *temp_bytes, in, out, sizes, n, stream);
 }
 
@@ -113,7 +115,9 @@ cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, c
   const unsigned grid = grid_for(n);
   switch (dtype) {
     case DDP_F16: scale_kernel<elem::F16><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(buf), n, scale); break;
-    case DDP_BF16: scale_kernel<elem::BF16><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(buf), n, scale); break;
+    case DDP_BF16:
+      scale_kernel<elem::BF16><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(buf), n, scale);
+      break;
     case DDP_F32: scale_kernel<elem::F32><<<grid, kThreads, 0, stream>>>(static_cast<float*>(buf), n, scale); break;
     case DDP_F64: scale_kernel<elem::F64><<<grid, kThreads, 0, stream>>>(static_cast<double*>(buf), n, scale); break;
     default: return cudaErrorInvalidValue;
@@ -125,10 +129,18 @@ cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsig
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n);
   switch (dtype) {
-    case DDP_F16: nonfinite_kernel<elem::F16><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(buf), n, flag); break;
-    case DDP_BF16: nonfinite_kernel<elem::BF16><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(buf), n, flag); break;
-    case DDP_F32: nonfinite_kernel<elem::F32><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(buf), n, flag); break;
-    case DDP_F64: nonfinite_kernel<elem::F64><<<grid, kThreads, 0, stream>>>(static_cast<const double*>(buf), n, flag); break;
+    case DDP_F16:
+      nonfinite_kernel<elem::F16><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(buf), n, flag);
+      break;
+    case DDP_BF16:
+      nonfinite_kernel<elem::BF16><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(buf), n, flag);
+      break;
+    case DDP_F32:
+      nonfinite_kernel<elem::F32><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(buf), n, flag);
+      break;
+    case DDP_F64:
+      nonfinite_kernel<elem::F64><<<grid, kThreads, 0, stream>>>(static_cast<const double*>(buf), n, flag);
+      break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -20,11 +20,11 @@ constexpr int kThreads = 256;
 // One grad of a bucket as the multi-tensor kernel sees it. `first_block` is the sum of the block
 // counts of the segments before it (blocks find their segment by binary search on it).
 struct SegDesc {
-  void* ptr;            // the grad's storage
-  uint64_t offset;      // in elements of the flat buffer
+  void* ptr;        // the grad's storage
+  uint64_t offset;  // in elements of the flat buffer
   uint64_t numel;
   uint64_t first_block;
-  uint32_t zero;        // pack writes zeros for this segment instead of reading ptr
+  uint32_t zero;  // pack writes zeros for this segment instead of reading ptr
   uint32_t pad;
 };
 
@@ -33,19 +33,18 @@ inline uint64_t blocks_for(uint64_t numel) { return (numel + kChunk - 1) / kChun
 // pack != 0: flat[seg.offset + i] = dst(seg.ptr[i] * scale) (zero for zero segments), seg.ptr is of
 // type `src`, flat of type `dst`. pack == 0: seg.ptr[i] = dst(flat[seg.offset + i] * scale), flat is of
 // type `src`. `total_blocks` is the sum of every segment's block count.
-cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src,
-                                ddp_dtype_t dst, void* flat, int pack, double scale, cudaStream_t stream);
+cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src, ddp_dtype_t dst,
+                                void* flat, int pack, double scale, cudaStream_t stream);
 
 // cub::DeviceMemcpy::Batched. With temp == NULL only sets *temp_bytes (the two-phase query).
-cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out,
-                         const size_t* sizes, int n, cudaStream_t stream);
+cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes, int n,
+                         cudaStream_t stream);
 
 // buf[i] = dtype(buf[i] * scale).
 cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, cudaStream_t stream);
 
 // Sets *flag (device memory) to 1 if buf holds a NaN or Inf; leaves it alone otherwise.
-cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsigned* flag,
-                             cudaStream_t stream);
+cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsigned* flag, cudaStream_t stream);
 
 }  // namespace kern
 }  // namespace ddp

@@ -82,12 +82,10 @@ extern "C" {
 const char* ddp_status_string(ddp_status_t status) {
   switch (enum_value(status)) {
 #define DDP_STATUS_CASE_(name, value, text) \
-  case name:                                \
-    return text;
+  case name: return text;
     DDP_STATUS_MAP(DDP_STATUS_CASE_)
 #undef DDP_STATUS_CASE_
-    default:
-      return "unknown status";
+    default: return "unknown status";
   }
 }
 
@@ -114,8 +112,7 @@ ddp_status_t ddp_comm_init_self(ddp_comm_t* out) {
 ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* out) {
   return guard(__func__, [&] {
     need(out, "group");
-    if (nranks < 1 || nranks > 4096)
-      fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d, it must be in 1..4096", nranks);
+    if (nranks < 1 || nranks > 4096) fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d, it must be in 1..4096", nranks);
     ddp_local_group_t g = new ddp_local_group;
     g->impl = make_local_group(nranks);
     *out = g;
@@ -127,8 +124,7 @@ ddp_status_t ddp_comm_init_local(ddp_local_group_t group, int rank, ddp_comm_t* 
     need(group, "group");
     need(out, "comm");
     int n = local_group_size(*group->impl);
-    if (rank < 0 || rank >= n)
-      fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, n - 1);
+    if (rank < 0 || rank >= n) fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, n - 1);
     *out = wrap(make_local_comm(group->impl, rank));
   });
 }
@@ -149,8 +145,7 @@ ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, i
     need(id, "id");
     need(out, "comm");
     if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d", nranks);
-    if (rank < 0 || rank >= nranks)
-      fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, nranks - 1);
+    if (rank < 0 || rank >= nranks) fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, nranks - 1);
     if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
     *out = wrap(make_nccl_comm(id, nranks, rank, cuda_device));
   });
@@ -228,8 +223,7 @@ ddp_status_t ddp_register_grad(ddp_t d, void* grad, size_t numel, ddp_dtype_t dt
     Context& c = ctx(d);
     need(index, "index");
     const int dt = enum_value(dtype);
-    if (!dtype_valid(dt))
-      fail(DDP_ERR_INVALID_ARGUMENT, "dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", dt);
+    if (!dtype_valid(dt)) fail(DDP_ERR_INVALID_ARGUMENT, "dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64)", dt);
     *index = c.register_grad(grad, numel, static_cast<Dtype>(dt), flags);
   });
 }

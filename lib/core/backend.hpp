@@ -52,10 +52,10 @@ class Stream {
 
 // One grad's place in a bucket's flat buffer.
 struct Segment {
-  void* ptr;       // the grad's storage (copy layout) or view (arena)
-  size_t offset;   // in elements, from the bucket's start
+  void* ptr;      // the grad's storage (copy layout) or view (arena)
+  size_t offset;  // in elements, from the bucket's start
   size_t numel;
-  uint32_t zero;   // pack writes zeros instead of reading ptr (an unused grad)
+  uint32_t zero;  // pack writes zeros instead of reading ptr (an unused grad)
 };
 
 // A range of flat elements [lo, hi) of a bucket.
@@ -93,11 +93,10 @@ class Device {
   // Element work, in stream order on `s` (host: done now by the calling thread), over the flat
   // elements `span` of the table (devices whose comms cut no pieces need only support all of them).
   // dst[seg.offset + i] = wire(src_seg[i] * scale), or 0 for zero segments.
-  virtual void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span,
-                    Stream& s) = 0;
+  virtual void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) = 0;
   // dst_seg[i] = dtype(src[seg.offset + i] * scale), for every segment (zero ones included).
-  virtual void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale,
-                      Span span, Stream& s) = 0;
+  virtual void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
+                      Stream& s) = 0;
   // buf[i] *= scale, in place.
   virtual void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) = 0;
   virtual void fill_zero(void* buf, size_t n, Dtype d, Stream& s) = 0;
@@ -140,8 +139,10 @@ class Comm {
   // Whether several collectives can be issued as one group (ncclGroupStart/End).
   virtual bool can_group() const { return false; }
   // The largest allreduce worth issuing at once, in elements of `d` (0: no limit). The reducer cuts
-  // a bucket into pieces of this size and scales each piece while it is still in cache.
-  virtual size_t piece_elems(Dtype d) const { return 0; }
+  // a bucket into pieces of this size and scales each piece while it is still in cache. `bytes` is
+  // the caller's wish (ddp_config_t.host_piece_bytes, 0: the comm's own choice); comms that cut
+  // pieces honour it within their own limits, the others keep returning 0.
+  virtual size_t piece_elems(Dtype d, size_t bytes) const { return 0; }
   // Brackets several collectives issued together (ncclGroupStart/End); no-ops elsewhere.
   virtual void group_start() {}
   virtual void group_end() {}

@@ -18,13 +18,13 @@ namespace {
 enum class Kind {
   Count,       // size_t in [lo, hi]
   PieceBytes,  // size_t: 0, or in [lo, hi]
-  Flag,     // int, any value: zero is off
-  Choice,   // int in [lo, hi] (an enum)
-  Int,      // int in [lo, hi]
-  Millis,   // int64_t in [lo, hi]
-  Factor,   // double, finite and > 0
-  Handles,  // const ddp_comm_t*: checked and resolved by the C shell
-  Text,     // const char*: copied
+  Flag,        // int, any value: zero is off
+  Choice,      // int in [lo, hi] (an enum)
+  Int,         // int in [lo, hi]
+  Millis,      // int64_t in [lo, hi]
+  Factor,      // double, finite and > 0
+  Handles,     // const ddp_comm_t*: checked and resolved by the C shell
+  Text,        // const char*: copied
 };
 
 struct Field {
@@ -107,8 +107,9 @@ void check_field(const Field& f, const ddp_config_t& c) {
 void check_header(const ddp_config_t& c) {
   const char* init = "initialize the config with DDP_CONFIG_INITIALIZER or ddp_config_init";
   if (c.size < DDP_CONFIG_V1_SIZE)
-    fail(DDP_ERR_INVALID_ARGUMENT, "config->size is %zu, smaller than any ddp_config_t (the first version's is %zu): %s",
-         c.size, static_cast<size_t>(DDP_CONFIG_V1_SIZE), init);
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config->size is %zu, smaller than any ddp_config_t (the first version's is %zu): %s", c.size,
+         static_cast<size_t>(DDP_CONFIG_V1_SIZE), init);
   if (c.magic != DDP_CONFIG_MAGIC)
     fail(DDP_ERR_INVALID_ARGUMENT, "config->magic is 0x%08x, not DDP_CONFIG_MAGIC (0x%08x): %s", c.magic,
          DDP_CONFIG_MAGIC, init);

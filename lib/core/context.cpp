@@ -82,16 +82,14 @@ int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags
   if (numel == 0) fail(DDP_ERR_INVALID_ARGUMENT, "numel is 0");
   const size_t limit = (SIZE_MAX / 16) / sizeof(double);
   if (numel > limit || total_numel_ > limit - numel)
-    fail(DDP_ERR_INVALID_ARGUMENT, "numel %zu is too large (the grads together may hold at most %zu elements)",
-         numel, limit);
-  if ((flags & ~DDP_GRAD_TRIGGER) != 0)
-    fail(DDP_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~DDP_GRAD_TRIGGER);
+    fail(DDP_ERR_INVALID_ARGUMENT, "numel %zu is too large (the grads together may hold at most %zu elements)", numel,
+         limit);
+  if ((flags & ~DDP_GRAD_TRIGGER) != 0) fail(DDP_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~DDP_GRAD_TRIGGER);
   if (cfg_.arena() && grad)
     fail(DDP_ERR_INVALID_ARGUMENT,
          "in the arena layout the library owns grad storage: pass NULL and ask "
          "ddp_grad_ptr where the grad lives");
-  if (!cfg_.arena() && !grad)
-    fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL (the copy layout needs the user's buffer)");
+  if (!cfg_.arena() && !grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL (the copy layout needs the user's buffer)");
   if (specs_.size() >= static_cast<size_t>(INT32_MAX)) fail(DDP_ERR_INVALID_ARGUMENT, "too many grads");
   specs_.push_back(GradSpec{numel, dtype, flags});
   user_ptrs_.push_back(grad);
@@ -120,6 +118,7 @@ void Context::commit_locked() {
     env.predivide = cfg_.c.gradient_predivide_factor;
     env.check_finite = (cfg_.c.check_finite != 0);
     env.inplace_min_numel = cfg_.c.inplace_min_numel;
+    env.piece_bytes = cfg_.c.host_piece_bytes;
     env.timeout_ms = cfg_.c.timeout_ms;
     env.counters = &counters_;
     env.timeline = timeline_.get();
@@ -147,8 +146,7 @@ void Context::set_grad_ptr(int index, void* grad) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   check_index(index);
-  if (cfg_.arena())
-    fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
+  if (cfg_.arena()) fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
   if (!grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL");
   if (state_ == State::InBackward && reducer_->is_ready(index))
     fail(DDP_ERR_INVALID_STATE, "grad %d is already marked ready in this backward pass", index);
@@ -167,8 +165,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
   if (n < 0) fail(DDP_ERR_INVALID_ARGUMENT, "n is %d", n);
   if (n > 0 && (!buffers || !counts || !dtypes))
     fail(DDP_ERR_INVALID_ARGUMENT, "buffers, counts and dtypes must not be NULL");
-  if (root < 0 || root >= world_)
-    fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world_ - 1);
+  if (root < 0 || root >= world_) fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world_ - 1);
   for (int i = 0; i < n; ++i) {
     if (!dtype_valid(enum_value(dtypes[i])))
       fail(DDP_ERR_INVALID_ARGUMENT, "dtypes[%d] is %d, not a ddp_dtype_t", i, enum_value(dtypes[i]));
@@ -178,8 +175,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
   fatal_on_error([&] {
     for (int i = 0; i < n; ++i)
       if (counts[i])
-        bcast_->broadcast(buffers[i], counts[i] * dtype_size(static_cast<Dtype>(dtypes[i])), root, stream,
-                          deadline());
+        bcast_->broadcast(buffers[i], counts[i] * dtype_size(static_cast<Dtype>(dtypes[i])), root, stream, deadline());
   });
 }
 

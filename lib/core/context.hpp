@@ -36,8 +36,7 @@ class Context {
   void finish_backward(void* stream);
   void set_sync(bool enabled);
   void reduce_all(void* stream);
-  void broadcast(void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n, int root,
-                 void* stream);
+  void broadcast(void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n, int root, void* stream);
   void synchronize();
   void stats(ddp_stats_t* out);
   void plan_info(int* num_buckets, int* learned);
@@ -63,7 +62,7 @@ class Context {
   std::unique_ptr<Comm> ctrl_;   // agreement and plan broadcast
   std::unique_ptr<Comm> bcast_;  // ddp_broadcast's own channel
   std::vector<std::unique_ptr<Comm>> owned_comms_;
-  std::vector<Comm*> comms_;     // one per stream
+  std::vector<Comm*> comms_;  // one per stream
   std::unique_ptr<Device> device_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::unique_ptr<Timeline> timeline_;
@@ -75,8 +74,8 @@ class Context {
   PlanLearner learner_;
   State state_ = State::Open;
   bool sync_ = true;
-  bool learning_ = false;        // this backward records the plan
-  bool iteration_synced_ = true; // sync setting of the backward in progress
+  bool learning_ = false;         // this backward records the plan
+  bool iteration_synced_ = true;  // sync setting of the backward in progress
   bool aborted_ = false;
   std::string abort_reason_;
   int rank_ = 0, world_ = 1;
@@ -97,10 +96,8 @@ void Context::fatal_on_error(F&& fn) {
     switch (e.status()) {
       case DDP_ERR_INVALID_ARGUMENT:
       case DDP_ERR_INVALID_STATE:
-      case DDP_ERR_UNSUPPORTED:
-        break;  // the call was refused; the context is intact
-      default:
-        abort(e);
+      case DDP_ERR_UNSUPPORTED: break;  // the call was refused; the context is intact
+      default: abort(e);
     }
     throw;
   }

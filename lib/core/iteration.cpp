@@ -30,8 +30,7 @@ void Context::grad_ready(int index, void* grad) {
   if (reducer_->is_ready(index))
     fail(DDP_ERR_INVALID_STATE, "grad %d was already marked ready in this backward pass", index);
   if (grad) {
-    if (cfg_.arena())
-      fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
+    if (cfg_.arena()) fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
     if (grad != user_ptrs_[static_cast<size_t>(index)]) {
       user_ptrs_[static_cast<size_t>(index)] = grad;
       reducer_->set_grad_ptr(index, grad);
@@ -116,8 +115,7 @@ void Context::set_sync(bool enabled) {
 void Context::reduce_all(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ == State::InBackward)
-    fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   fatal_on_error([&] {
     commit_locked();
     reducer_->begin(stream, iterations_);

@@ -14,8 +14,7 @@ void Plan::finalize(const std::vector<GradSpec>& specs, int num_streams) {
     bk.stream = static_cast<int>(b % static_cast<size_t>(num_streams));
     for (size_t s = 0; s < bk.grads.size(); ++s) {
       int g = bk.grads[s];
-      if (g < 0 || static_cast<size_t>(g) >= specs.size())
-        fail(DDP_ERR_INTERNAL, "plan: grad %d out of range", g);
+      if (g < 0 || static_cast<size_t>(g) >= specs.size()) fail(DDP_ERR_INTERNAL, "plan: grad %d out of range", g);
       if (bucket_of[static_cast<size_t>(g)] != -1) fail(DDP_ERR_INTERNAL, "plan: grad %d appears twice", g);
       const GradSpec& sp = specs[static_cast<size_t>(g)];
       if (sp.dtype != bk.dtype) fail(DDP_ERR_INTERNAL, "plan: bucket %zu mixes dtypes", b);
@@ -39,7 +38,9 @@ std::vector<int64_t> Plan::serialize() const {
 }
 
 Plan Plan::deserialize(const int64_t* data, size_t n, const std::vector<GradSpec>& specs, int num_streams) {
-  auto bad = [](const char* why) { fail(DDP_ERR_MISMATCH, "the broadcast plan does not fit this rank's grads: %s", why); };
+  auto bad = [](const char* why) {
+    fail(DDP_ERR_MISMATCH, "the broadcast plan does not fit this rank's grads: %s", why);
+  };
   if (n < 1) bad("empty");
   int64_t nb = data[0];
   if (nb < 0 || static_cast<size_t>(nb) > specs.size() || static_cast<size_t>(nb) + 1 > n) bad("bucket count");

@@ -39,8 +39,7 @@ struct Plan {
   // Always 1 + num_buckets + num_grads entries, at most 1 + 2 * num_grads.
   std::vector<int64_t> serialize() const;
   // The inverse; validates the input against `specs` (DDP_ERR_MISMATCH if it does not fit).
-  static Plan deserialize(const int64_t* data, size_t n, const std::vector<GradSpec>& specs,
-                          int num_streams);
+  static Plan deserialize(const int64_t* data, size_t n, const std::vector<GradSpec>& specs, int num_streams);
 };
 
 // Buckets over `order` (every grad once, in the order they are expected to become ready): one open

@@ -133,7 +133,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
       }
     }
     if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
-    r->piece = c.piece_elems(r->wire);
+    r->piece = c.piece_elems(r->wire, env_.piece_bytes);
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
@@ -245,7 +245,8 @@ void Reducer::launch_ready_in_order() {
 
 Reducer::Work Reducer::work(int b) {
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
-  return Work{*rt_[static_cast<size_t>(b)], bk, stream_of(b), *env_.device, *env_.comms[static_cast<size_t>(bk.stream)]};
+  return Work{*rt_[static_cast<size_t>(b)], bk, stream_of(b), *env_.device,
+              *env_.comms[static_cast<size_t>(bk.stream)]};
 }
 
 Stream& Reducer::stream_of(int b) {
@@ -448,7 +449,9 @@ void Reducer::finish(void* user_stream, Deadline dl) {
         s.drain(dl);
       }
     } catch (const Error& e) {
-      if (!first) first = std::make_exception_ptr(e.status() == DDP_ERR_TIMEOUT ? Error(e.status(), stuck(static_cast<int>(i)) + e.what()) : e);
+      if (!first)
+        first = std::make_exception_ptr(
+            e.status() == DDP_ERR_TIMEOUT ? Error(e.status(), stuck(static_cast<int>(i)) + e.what()) : e);
     } catch (...) {
       if (!first) first = std::current_exception();
     }

@@ -35,6 +35,7 @@ struct ReducerEnv {
   double predivide = 1.0;
   bool check_finite = false;
   size_t inplace_min_numel = 0;  // copy layout: grads at least this big are reduced in place (0: never)
+  size_t piece_bytes = 0;        // host comms: bytes per collective piece (0: the comm's choice)
   int64_t timeout_ms = 0;
   Counters* counters = nullptr;
   Timeline* timeline = nullptr;
@@ -118,13 +119,13 @@ class Reducer {
   const std::vector<GradSpec>& specs_;
   Plan plan_;
   std::vector<std::unique_ptr<BucketRt>> rt_;
-  std::vector<char> ready_;       // per grad, this iteration
-  std::vector<char> zero_;        // per grad, as the tables have it
-  std::vector<void*> staging_;    // per stream (copy layout, and 16-bit arena buckets)
+  std::vector<char> ready_;     // per grad, this iteration
+  std::vector<char> zero_;      // per grad, as the tables have it
+  std::vector<void*> staging_;  // per stream (copy layout, and 16-bit arena buckets)
   uint64_t staging_bytes_ = 0;
-  char* arena_ = nullptr;         // arena layout: every bucket's storage, bucket after bucket
+  char* arena_ = nullptr;  // arena layout: every bucket's storage, bucket after bucket
   uint64_t arena_bytes_ = 0;
-  int next_ = 0;                  // the next bucket to launch, in plan order
+  int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
   uint64_t iteration_ = 0;
   bool can_group_ = false;  // several buckets' collectives can be issued as one group

@@ -20,8 +20,12 @@ Timeline::Timeline(const std::string& path, int rank) : path_(timeline_rank_path
   origin_ns_ = now_ns();
   events_.reserve(4096);
   std::fprintf(file_, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-  std::fprintf(file_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
-  std::fprintf(file_, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"backward (grad ready)\"}}", rank_);
+  std::fprintf(file_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
+               rank_);
+  std::fprintf(
+      file_,
+      ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"backward (grad ready)\"}}",
+      rank_);
   first_ = false;
 }
 
@@ -56,24 +60,28 @@ void Timeline::write(const Event& e) {
   first_ = false;
   switch (e.kind) {
     case 'g':
-      std::fprintf(file_, "%s{\"name\":\"grad %d ready\",\"cat\":\"grad\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,\"tid\":0,\"ts\":%.3f}",
-                   sep, e.id, rank_, us(e.t0, origin_ns_));
+      std::fprintf(
+          file_,
+          "%s{\"name\":\"grad %d ready\",\"cat\":\"grad\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,\"tid\":0,\"ts\":%.3f}",
+          sep, e.id, rank_, us(e.t0, origin_ns_));
       break;
     case 'b': {
       // One span from launch to done; the args keep when it became ready and when its work started.
       double ts = us(e.t1, origin_ns_), end = us(e.t3, origin_ns_);
       std::fprintf(file_,
                    "%s{\"name\":\"bucket %d\",\"cat\":\"bucket\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-                   "\"dur\":%.3f,\"args\":{\"iteration\":%" PRIu64 ",\"ready_us\":%.3f,\"launch_us\":%.3f,"
+                   "\"dur\":%.3f,\"args\":{\"iteration\":%" PRIu64
+                   ",\"ready_us\":%.3f,\"launch_us\":%.3f,"
                    "\"start_us\":%.3f,\"done_us\":%.3f,\"grads\":%d,\"bytes\":%" PRIu64 "}}",
-                   sep, e.id, rank_, e.stream + 1, ts, end > ts ? end - ts : 0.0, e.iteration,
-                   us(e.t0, origin_ns_), ts, us(e.t2, origin_ns_), end, e.num_grads, e.bytes);
+                   sep, e.id, rank_, e.stream + 1, ts, end > ts ? end - ts : 0.0, e.iteration, us(e.t0, origin_ns_), ts,
+                   us(e.t2, origin_ns_), end, e.num_grads, e.bytes);
       break;
     }
     case 'i': {
       double ts = us(e.t0, origin_ns_), end = us(e.t1, origin_ns_);
       std::fprintf(file_,
-                   "%s{\"name\":\"iteration %" PRIu64 "\",\"cat\":\"iteration\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,"
+                   "%s{\"name\":\"iteration %" PRIu64
+                   "\",\"cat\":\"iteration\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,"
                    "\"ts\":%.3f,\"dur\":%.3f}",
                    sep, e.iteration, rank_, ts, end > ts ? end - ts : 0.0);
       break;

@@ -19,8 +19,8 @@ class Timeline {
   ~Timeline();
 
   void grad_ready(int grad, uint64_t t_ns);
-  void bucket(int bucket, int stream, uint64_t iteration, uint64_t ready_ns, uint64_t launch_ns,
-              uint64_t start_ns, uint64_t end_ns, int num_grads, uint64_t bytes);
+  void bucket(int bucket, int stream, uint64_t iteration, uint64_t ready_ns, uint64_t launch_ns, uint64_t start_ns,
+              uint64_t end_ns, int num_grads, uint64_t bytes);
   void iteration(uint64_t iteration, uint64_t begin_ns, uint64_t end_ns);
   void flush();
 

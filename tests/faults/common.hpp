@@ -21,7 +21,8 @@ inline size_t esize(ddp_dtype_t d) { return d == DDP_F64 ? 8 : d == DDP_F32 ? 4 
 // Values are multiples of 1/4 in [-8, 8]: their sums over a few ranks and their averages over 2 or 4
 // ranks are exact in every dtype, so results can be compared bit for bit.
 inline double value(uint64_t seed, int rank, int iter, int grad, size_t i) {
-  uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 48) ^ (uint64_t(iter) << 32) ^ (uint64_t(grad) << 20) ^ i;
+  uint64_t h =
+      seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 48) ^ (uint64_t(iter) << 32) ^ (uint64_t(grad) << 20) ^ i;
   h ^= h >> 31;
   h *= 0xbf58476d1ce4e5b9ull;
   h ^= h >> 29;

@@ -49,8 +49,10 @@ void result(const std::string& check, bool ok, const std::string& detail) {
 void result_all(const std::string& check, bool ok_here, const std::string& detail) {
   int ok = ok_here ? 1 : 0, all = 0;
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!ok_here) result(check, false, detail);
-  else if (g_rank == 0) result(check, all != 0, all ? detail : "failed on another rank");
+  if (!ok_here)
+    result(check, false, detail);
+  else if (g_rank == 0)
+    result(check, all != 0, all ? detail : "failed on another rank");
 }
 
 void done() {
@@ -191,12 +193,14 @@ int run_fault(Fault fault, const char* name) {
     // The context is now aborted: every call says so at once.
     const double t2 = now_ms();
     s = ddp_begin_backward(x.d, nullptr);
-    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100, "next call -> " + status_text(s));
+    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100,
+           "next call -> " + status_text(s));
   }
   const double t3 = now_ms();
   ddp_destroy(x.d);
   const double dt = now_ms() - t3;
-  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs, "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs,
+         "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
   done();
   // A dead peer can make MPI_Finalize wait forever: survivors leave without it.
   std::fflush(stdout);
@@ -262,8 +266,8 @@ void run_blocked() {
   const double dt = now_ms() - t1;
   const int after = threads_now();
   // The written-off worker outlives the context: one thread fewer would mean it was joined.
-  std::snprintf(b, sizeof b, "ddp_destroy took %.0f ms; threads %d before, %d after (the blocked worker left behind)", dt,
-                before, after);
+  std::snprintf(b, sizeof b, "ddp_destroy took %.0f ms; threads %d before, %d after (the blocked worker left behind)",
+                dt, before, after);
   result("blocked-destroy", dt < 100 && after == before, b);
   done();
   std::fflush(stdout);
@@ -285,7 +289,11 @@ void run_mismatch() {
     g.buf.assign(g.numel * esize(d), 0);
   };
   const std::vector<Case> cases = {
-      {"numel", "grad 3", [](ddp_config_t&, std::vector<Grad>& g) { g[3].numel += 1; g[3].buf.resize(g[3].numel * 8); }},
+      {"numel", "grad 3",
+       [](ddp_config_t&, std::vector<Grad>& g) {
+         g[3].numel += 1;
+         g[3].buf.resize(g[3].numel * 8);
+       }},
       {"dtype", "grad 1", [&](ddp_config_t&, std::vector<Grad>& g) { retype(g[1], DDP_F32); }},
       {"count", "registered", [](ddp_config_t&, std::vector<Grad>& g) { g.pop_back(); }},
       {"message_size", "message_size", [](ddp_config_t& c, std::vector<Grad>&) { c.message_size *= 2; }},
@@ -293,8 +301,10 @@ void run_mismatch() {
       {"layout", "layout", [](ddp_config_t& c, std::vector<Grad>&) { c.layout = DDP_LAYOUT_ARENA; }},
       {"plan_order", "plan_order", [](ddp_config_t& c, std::vector<Grad>&) { c.plan_order = DDP_PLAN_REGISTRATION; }},
       {"delay_allreduce", "delay_allreduce", [](ddp_config_t& c, std::vector<Grad>&) { c.delay_allreduce = 1; }},
-      {"predivide", "gradient_predivide_factor", [](ddp_config_t& c, std::vector<Grad>&) { c.gradient_predivide_factor = 2; }},
-      {"unused_policy", "unused_policy", [](ddp_config_t& c, std::vector<Grad>&) { c.unused_policy = DDP_UNUSED_ZERO; }},
+      {"predivide", "gradient_predivide_factor",
+       [](ddp_config_t& c, std::vector<Grad>&) { c.gradient_predivide_factor = 2; }},
+      {"unused_policy", "unused_policy",
+       [](ddp_config_t& c, std::vector<Grad>&) { c.unused_policy = DDP_UNUSED_ZERO; }},
   };
   for (const Case& k : cases) {
     const std::string check = std::string("mismatch-") + k.name;
@@ -307,7 +317,8 @@ void run_mismatch() {
     const char* stage = "ddp_create";
     if (s == DDP_SUCCESS) {
       for (Grad& g : grads) {
-        s = ddp_register_grad(d, cfg.layout == DDP_LAYOUT_ARENA ? nullptr : g.buf.data(), g.numel, g.dtype, 0, &g.index);
+        s = ddp_register_grad(d, cfg.layout == DDP_LAYOUT_ARENA ? nullptr : g.buf.data(), g.numel, g.dtype, 0,
+                              &g.index);
         if (s) break;
       }
       stage = "ddp_commit";
@@ -372,7 +383,8 @@ void run_unused() {
               const std::string name = "rank " + std::to_string(r) + ": grad " + std::to_string(r);
               if (msg.find(name) == std::string::npos) ok = false, why = "the report lacks '" + name + "': " + msg;
             }
-            if (ok && msg.find("rank 0:") != std::string::npos) ok = false, why = "rank 0 reported, it used every grad: " + msg;
+            if (ok && msg.find("rank 0:") != std::string::npos)
+              ok = false, why = "rank 0 reported, it used every grad: " + msg;
           }
           if (ok && !verify(x, it, gave, &why)) ok = false;
           // Bitwise the same everywhere.
@@ -444,10 +456,14 @@ void run_nonfinite() {
             double got = load(p, i, g.dtype);
             bool special = inject && ((gi == 0 && i == 3) || (gi == 2 && i == 0) || (gi == 5 && i == 7));
             if (special) {
-              bool right = gi == 0 ? std::isnan(got) : gi == 2 ? (std::isinf(got) && got > 0) : (std::isinf(got) && got < 0);
-              if (!right) ok = false, why = "grad " + std::to_string(gi) + " lost its non-finite value: " + std::to_string(got);
+              bool right = gi == 0   ? std::isnan(got)
+                           : gi == 2 ? (std::isinf(got) && got > 0)
+                                     : (std::isinf(got) && got < 0);
+              if (!right)
+                ok = false, why = "grad " + std::to_string(gi) + " lost its non-finite value: " + std::to_string(got);
             } else if (!std::isfinite(got)) {
-              ok = false, why = "a non-finite value spread to grad " + std::to_string(gi) + "[" + std::to_string(i) + "]";
+              ok = false,
+              why = "a non-finite value spread to grad " + std::to_string(gi) + "[" + std::to_string(i) + "]";
             }
           }
         }
@@ -457,10 +473,14 @@ void run_nonfinite() {
         const uint64_t counted = after.nonfinite_buckets - before.nonfinite_buckets;
         const uint64_t want = check_finite && inject ? want_count : 0;
         if (ok && counted != want)
-          ok = false, why = "nonfinite_buckets grew by " + std::to_string(counted) + ", expected " + std::to_string(want);
+          ok = false,
+          why = "nonfinite_buckets grew by " + std::to_string(counted) + ", expected " + std::to_string(want);
       }
       ddp_destroy(x.d);
-      result_all(check, ok, ok ? "NaN, +Inf, -Inf arrived on every rank; " + std::to_string(check_finite ? want_count : 0) + " buckets counted" : why);
+      result_all(check, ok,
+                 ok ? "NaN, +Inf, -Inf arrived on every rank; " + std::to_string(check_finite ? want_count : 0) +
+                          " buckets counted"
+                    : why);
     }
 }
 
@@ -515,7 +535,9 @@ void run_threads() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked [seed] [timeout_ms]\n");
+    std::fprintf(
+        stderr,
+        "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked [seed] [timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -531,14 +553,22 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int rc = 0;
-  if (scenario == "die-exit") rc = run_fault(Fault::Exit, "die-exit");
-  else if (scenario == "die-kill") rc = run_fault(Fault::Kill, "die-kill");
-  else if (scenario == "stall") rc = run_fault(Fault::Stall, "stall");
-  else if (scenario == "mismatch") run_mismatch();
-  else if (scenario == "unused") run_unused();
-  else if (scenario == "nonfinite") run_nonfinite();
-  else if (scenario == "threads") run_threads();
-  else if (scenario == "blocked") run_blocked();
+  if (scenario == "die-exit")
+    rc = run_fault(Fault::Exit, "die-exit");
+  else if (scenario == "die-kill")
+    rc = run_fault(Fault::Kill, "die-kill");
+  else if (scenario == "stall")
+    rc = run_fault(Fault::Stall, "stall");
+  else if (scenario == "mismatch")
+    run_mismatch();
+  else if (scenario == "unused")
+    run_unused();
+  else if (scenario == "nonfinite")
+    run_nonfinite();
+  else if (scenario == "threads")
+    run_threads();
+  else if (scenario == "blocked")
+    run_blocked();
   else {
     result(scenario, false, "unknown scenario");
     rc = 2;

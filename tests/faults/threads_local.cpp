@@ -34,7 +34,8 @@ void rank_main(ddp_local_group_t group, int rank, const ddp_config_t& cfg, int m
   std::vector<Grad> grads = make_grads(kGrads);
   const bool arena = cfg.layout == DDP_LAYOUT_ARENA;
   for (Grad& g : grads)
-    if (ddp_register_grad(d, arena ? nullptr : g.buf.data(), g.numel, g.dtype, 0, &g.index)) return fail(ddp_last_error());
+    if (ddp_register_grad(d, arena ? nullptr : g.buf.data(), g.numel, g.dtype, 0, &g.index))
+      return fail(ddp_last_error());
   for (int it = 0; it < kIters && out->ok; ++it) {
     if (ddp_begin_backward(d, nullptr)) return fail(ddp_last_error());
     std::vector<void*> ptr(kGrads);
@@ -63,7 +64,10 @@ void rank_main(ddp_local_group_t group, int rank, const ddp_config_t& cfg, int m
         double sum = 0;
         for (int r = 0; r < kRanks; ++r) sum += value(7, r, it, g, i);
         const double want = sum / kRanks, got = load(ptr[g], i, grads[g].dtype);
-        const double tol = grads[g].dtype == DDP_F64 ? 1e-12 : grads[g].dtype == DDP_F32 ? 1e-6 : grads[g].dtype == DDP_F16 ? 1e-3 : 8e-3;
+        const double tol = grads[g].dtype == DDP_F64   ? 1e-12
+                           : grads[g].dtype == DDP_F32 ? 1e-6
+                           : grads[g].dtype == DDP_F16 ? 1e-3
+                                                       : 8e-3;
         if (!(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want))))
           fail("grad " + std::to_string(g) + " wrong after iteration " + std::to_string(it));
       }
@@ -87,9 +91,12 @@ void run(const char* name, const ddp_config_t& cfg) {
   bool ok = true;
   std::string why;
   for (int r = 0; r < kRanks && ok; ++r) {
-    if (!one[r].ok || !many[r].ok) ok = false, why = one[r].ok ? many[r].why : one[r].why;
-    else if (one[r].result != many[r].result) ok = false, why = "rank " + std::to_string(r) + ": 4 marker threads gave other bytes than 1";
-    else if (many[r].result != many[0].result) ok = false, why = "ranks hold different results";
+    if (!one[r].ok || !many[r].ok)
+      ok = false, why = one[r].ok ? many[r].why : one[r].why;
+    else if (one[r].result != many[r].result)
+      ok = false, why = "rank " + std::to_string(r) + ": 4 marker threads gave other bytes than 1";
+    else if (many[r].result != many[0].result)
+      ok = false, why = "ranks hold different results";
   }
   std::printf("%s threads %s%s%s\n", ok ? "ok  " : "FAIL", name, ok ? "" : ": ", why.c_str());
   ok ? ++g_passed : ++g_failed;

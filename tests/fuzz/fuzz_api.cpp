@@ -42,9 +42,24 @@ struct Bytes {
 };
 
 enum Op {
-  OP_REGISTER, OP_COMMIT, OP_BEGIN, OP_READY, OP_READY_REST, OP_READY_PTR, OP_SET_PTR, OP_FINISH,
-  OP_SET_SYNC, OP_REDUCE_ALL, OP_PLAN, OP_STATS, OP_GRAD_PTR, OP_NONFINITE, OP_SYNCHRONIZE,
-  OP_BROADCAST, OP_ITERATION, OP_COUNT
+  OP_REGISTER,
+  OP_COMMIT,
+  OP_BEGIN,
+  OP_READY,
+  OP_READY_REST,
+  OP_READY_PTR,
+  OP_SET_PTR,
+  OP_FINISH,
+  OP_SET_SYNC,
+  OP_REDUCE_ALL,
+  OP_PLAN,
+  OP_STATS,
+  OP_GRAD_PTR,
+  OP_NONFINITE,
+  OP_SYNCHRONIZE,
+  OP_BROADCAST,
+  OP_ITERATION,
+  OP_COUNT
 };
 
 struct Call {
@@ -186,7 +201,9 @@ const bool g_trace = std::getenv("DDP_FUZZ_TRACE") != nullptr;
 
 void Rank::expect(size_t k, ddp_status_t got, ddp_status_t want, const char* call) {
   sh_.view[rank_].status = got;
-  if (g_trace) std::fprintf(stderr, "[rank %d] %zu %s -> %s%s%s\n", rank_, k, call, st_name(got), got ? ": " : "", got ? ddp_last_error() : "");
+  if (g_trace)
+    std::fprintf(stderr, "[rank %d] %zu %s -> %s%s%s\n", rank_, k, call, st_name(got), got ? ": " : "",
+                 got ? ddp_last_error() : "");
   if (got != want) {
     char msg[1024];
     std::snprintf(msg, sizeof msg, "%s returned %s, the model expected %s (last error: %s)", call, st_name(got),
@@ -233,8 +250,7 @@ void Rank::fill_all(uint64_t iter) {
     void* p = ptr_of(g);
     for (size_t i = 0; i < g.numel; ++i) {
       double v = fill_value(p_.seed, rank_, iter, static_cast<int>(gi), i);
-      if (nonfinite_next_ && rank_ == 0 && i == 0 && gi == iter % grads_.size())
-        v = (iter & 1) ? INFINITY : NAN;
+      if (nonfinite_next_ && rank_ == 0 && i == 0 && gi == iter % grads_.size()) v = (iter & 1) ? INFINITY : NAN;
       g.val[i] = v;
       store(p, i, g.dtype, v);
     }
@@ -268,8 +284,10 @@ void Rank::check_values(size_t k, bool reduce_all) {
       // Scaling happens in two steps (1/f before, f/world after) unless fused, so allow rounding.
       double want = sum * sc, got = load(p, i, g.dtype);
       bool ok;
-      if (std::isnan(want)) ok = std::isnan(got);
-      else if (std::isinf(want)) ok = got == want;
+      if (std::isnan(want))
+        ok = std::isnan(got);
+      else if (std::isinf(want))
+        ok = got == want;
       else {
         double tol = g.dtype == DDP_F64 ? 1e-12 : g.dtype == DDP_F32 ? 1e-6 : g.dtype == DDP_F16 ? 2e-3 : 1.6e-2;
         ok = std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
@@ -291,8 +309,9 @@ void Rank::check_values(size_t k, bool reduce_all) {
     if (ddp_get_stats(d_, &s) != DDP_SUCCESS) finding(rank_, k, "ddp_get_stats failed");
     const bool counted = s.nonfinite_buckets > nonfinite_seen_;
     if (counted != any_nonfinite)
-      finding(rank_, k, any_nonfinite ? "a bucket held NaN/Inf but check_finite did not count it"
-                                      : "check_finite counted a bucket that held only finite values");
+      finding(rank_, k,
+              any_nonfinite ? "a bucket held NaN/Inf but check_finite did not count it"
+                            : "check_finite counted a bucket that held only finite values");
     nonfinite_seen_ = s.nonfinite_buckets;
   }
   sh_.step.wait();  // both done reading the views
@@ -362,11 +381,13 @@ void Rank::run() {
   // Configs that disagree are refused by ddp_create itself, or at the latest when registration closes.
   const bool cfg_diverges = p_.diverge == 1 || p_.diverge == 2 || p_.diverge == 4;
   expect(0, s,
-         !p_.cfg_valid ? DDP_ERR_INVALID_ARGUMENT
-         : (cfg_diverges && s == DDP_ERR_MISMATCH) ? DDP_ERR_MISMATCH : DDP_SUCCESS,
+         !p_.cfg_valid                             ? DDP_ERR_INVALID_ARGUMENT
+         : (cfg_diverges && s == DDP_ERR_MISMATCH) ? DDP_ERR_MISMATCH
+                                                   : DDP_SUCCESS,
          "ddp_create");
-  if (s == DDP_ERR_MISMATCH && std::strstr(ddp_last_error(), p_.diverge == 1 ? "message_size"
-                                                             : p_.diverge == 2 ? "num_streams" : "plan_order") == nullptr)
+  if (s == DDP_ERR_MISMATCH && std::strstr(ddp_last_error(), p_.diverge == 1   ? "message_size"
+                                                             : p_.diverge == 2 ? "num_streams"
+                                                                               : "plan_order") == nullptr)
     finding(rank_, 0, "the mismatch message does not name the field that differs");
   agree(0);
   // The context holds its own duplicates: the comm may go now.
@@ -401,10 +422,11 @@ void Rank::run() {
           }
           if (wrong_ptr) ptr = arena_ ? static_cast<void*>(&g) : nullptr;
           int index = -7;
-          ddp_status_t want = g.dtype >= 4 ? DDP_ERR_INVALID_ARGUMENT  // checked by the C shell, first
-                              : aborted_ ? DDP_ERR_ABORTED
+          ddp_status_t want = g.dtype >= 4      ? DDP_ERR_INVALID_ARGUMENT  // checked by the C shell, first
+                              : aborted_        ? DDP_ERR_ABORTED
                               : st_ != St::Open ? DDP_ERR_INVALID_STATE
-                              : valid ? DDP_SUCCESS : DDP_ERR_INVALID_ARGUMENT;
+                              : valid           ? DDP_SUCCESS
+                                                : DDP_ERR_INVALID_ARGUMENT;
           s = ddp_register_grad(d_, ptr, g.numel, static_cast<ddp_dtype_t>(g.dtype), flags, &index);
           expect(k, s, want, "ddp_register_grad");
           if (s == DDP_SUCCESS) {
@@ -420,7 +442,9 @@ void Rank::run() {
           expect(k, s, aborted_ ? DDP_ERR_ABORTED : commit_status(), "ddp_commit");
           break;
         case OP_BEGIN: {
-          ddp_status_t want = aborted_ ? DDP_ERR_ABORTED : st_ == St::InBackward ? DDP_ERR_INVALID_STATE : commit_status();
+          ddp_status_t want = aborted_                ? DDP_ERR_ABORTED
+                              : st_ == St::InBackward ? DDP_ERR_INVALID_STATE
+                                                      : commit_status();
           s = ddp_begin_backward(d_, nullptr);
           expect(k, s, want, "ddp_begin_backward");
           if (s == DDP_SUCCESS) {
@@ -435,11 +459,12 @@ void Rank::run() {
         case OP_READY_PTR: {
           const int g = idx;
           const bool with_ptr = c.op == OP_READY_PTR;
-          ddp_status_t want = aborted_ ? DDP_ERR_ABORTED
-                              : st_ != St::InBackward ? DDP_ERR_INVALID_STATE
-                              : bad_idx ? DDP_ERR_INVALID_ARGUMENT
+          ddp_status_t want = aborted_                               ? DDP_ERR_ABORTED
+                              : st_ != St::InBackward                ? DDP_ERR_INVALID_STATE
+                              : bad_idx                              ? DDP_ERR_INVALID_ARGUMENT
                               : grads_[static_cast<size_t>(g)].ready ? DDP_ERR_INVALID_STATE
-                              : (with_ptr && arena_) ? DDP_ERR_INVALID_STATE : DDP_SUCCESS;
+                              : (with_ptr && arena_)                 ? DDP_ERR_INVALID_STATE
+                                                                     : DDP_SUCCESS;
           void* np = nullptr;
           if (with_ptr && !bad_idx) {
             Grad& gr = grads_[static_cast<size_t>(g)];
@@ -493,17 +518,19 @@ void Rank::run() {
         }
         case OP_SET_PTR: {
           const bool null_ptr = c.c == 0;
-          ddp_status_t want = aborted_ ? DDP_ERR_ABORTED
-                              : bad_idx ? DDP_ERR_INVALID_ARGUMENT
-                              : arena_ ? DDP_ERR_INVALID_STATE
+          ddp_status_t want = aborted_   ? DDP_ERR_ABORTED
+                              : bad_idx  ? DDP_ERR_INVALID_ARGUMENT
+                              : arena_   ? DDP_ERR_INVALID_STATE
                               : null_ptr ? DDP_ERR_INVALID_ARGUMENT
-                              : (st_ == St::InBackward && grads_[static_cast<size_t>(idx)].ready) ? DDP_ERR_INVALID_STATE
-                              : DDP_SUCCESS;
+                              : (st_ == St::InBackward && grads_[static_cast<size_t>(idx)].ready)
+                                  ? DDP_ERR_INVALID_STATE
+                                  : DDP_SUCCESS;
           void* np = nullptr;
           if (!bad_idx && !null_ptr) {
             Grad& gr = grads_[static_cast<size_t>(idx)];
             int other = 1 - gr.cur;
-            if (!arena_ && want == DDP_SUCCESS) std::memcpy(gr.buf[other].data(), gr.buf[gr.cur].data(), gr.buf[0].size());
+            if (!arena_ && want == DDP_SUCCESS)
+              std::memcpy(gr.buf[other].data(), gr.buf[gr.cur].data(), gr.buf[0].size());
             np = arena_ ? static_cast<void*>(&gr) : gr.buf[other].data();
           }
           s = ddp_set_grad_ptr(d_, idx, np);
@@ -557,9 +584,7 @@ void Rank::run() {
           }
           break;
         }
-        case OP_PLAN:
-          check_plan(k);
-          break;
+        case OP_PLAN: check_plan(k); break;
         case OP_STATS: {
           ddp_stats_t st;
           std::memset(&st, 0xab, sizeof st);
@@ -578,11 +603,14 @@ void Rank::run() {
         }
         case OP_GRAD_PTR: {
           void* q = nullptr;
-          ddp_status_t want = aborted_ ? DDP_ERR_ABORTED : bad_idx ? DDP_ERR_INVALID_ARGUMENT
-                              : arena_ ? commit_status() : DDP_SUCCESS;
+          ddp_status_t want = aborted_  ? DDP_ERR_ABORTED
+                              : bad_idx ? DDP_ERR_INVALID_ARGUMENT
+                              : arena_  ? commit_status()
+                                        : DDP_SUCCESS;
           s = ddp_grad_ptr(d_, idx, &q);
           expect(k, s, want, "ddp_grad_ptr");
-          if (s == DDP_SUCCESS && !arena_ && q != grads_[static_cast<size_t>(idx)].buf[grads_[static_cast<size_t>(idx)].cur].data())
+          if (s == DDP_SUCCESS && !arena_ &&
+              q != grads_[static_cast<size_t>(idx)].buf[grads_[static_cast<size_t>(idx)].cur].data())
             finding(rank_, k, "ddp_grad_ptr does not return the grad's current pointer");
           if (s == DDP_SUCCESS && !q) finding(rank_, k, "ddp_grad_ptr returned NULL");
           break;
@@ -713,7 +741,11 @@ Program parse(const uint8_t* data, size_t size) {
       case 11: c.timeout_ms = -1; break;
       case 12: c.unused_policy = 2; break;
       case 13: c.gradient_predivide_factor = INFINITY; break;
-      default: p.cfg_valid = true; c.num_streams = 64; p.stream_comms = false; break;  // valid, many threads
+      default:
+        p.cfg_valid = true;
+        c.num_streams = 64;
+        p.stream_comms = false;
+        break;  // valid, many threads
     }
   }
   if (p.diverge == 3 && p.diverge_grad < 0) p.diverge = 0;
@@ -734,7 +766,8 @@ Program parse(const uint8_t* data, size_t size) {
   if (p.diverge == 3) {
     // Make the divergent grad exist: prepend enough valid registrations.
     std::vector<Call> pre;
-    for (int i = 0; i <= p.diverge_grad; ++i) pre.push_back(Call{OP_REGISTER, static_cast<uint8_t>(1 + i), 0, DDP_F32, 0});
+    for (int i = 0; i <= p.diverge_grad; ++i)
+      pre.push_back(Call{OP_REGISTER, static_cast<uint8_t>(1 + i), 0, DDP_F32, 0});
     p.calls.insert(p.calls.begin(), pre.begin(), pre.end());
   }
   return p;

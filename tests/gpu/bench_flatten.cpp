@@ -14,13 +14,13 @@
 
 using namespace ddp;
 
-#define BENCH_CUDA(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t rc_ = (call);                                                             \
-    if (rc_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(rc_));            \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define BENCH_CUDA(call)                                                       \
+  do {                                                                         \
+    cudaError_t rc_ = (call);                                                  \
+    if (rc_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(rc_)); \
+      std::exit(1);                                                            \
+    }                                                                          \
   } while (0)
 
 namespace {

@@ -33,18 +33,18 @@ inline bool gpu_available() {
   return state == 1;
 }
 
-#define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(!::gt::gpu_available()))
+#define GPU_TEST_CASE(name) TEST_CASE(name* doctest::skip(!::gt::gpu_available()))
 
-#define CUDA_OK(call)                                                                     \
-  do {                                                                                    \
-    cudaError_t gt_rc_ = (call);                                                          \
-    REQUIRE_MESSAGE(gt_rc_ == cudaSuccess, #call, ": ", cudaGetErrorString(gt_rc_));      \
+#define CUDA_OK(call)                                                                \
+  do {                                                                               \
+    cudaError_t gt_rc_ = (call);                                                     \
+    REQUIRE_MESSAGE(gt_rc_ == cudaSuccess, #call, ": ", cudaGetErrorString(gt_rc_)); \
   } while (0)
 
-#define DDP_OK(call)                                                                      \
-  do {                                                                                    \
-    ddp_status_t gt_st_ = (call);                                                         \
-    REQUIRE_MESSAGE(gt_st_ == DDP_SUCCESS, #call, ": ", ddp_last_error());                \
+#define DDP_OK(call)                                                       \
+  do {                                                                     \
+    ddp_status_t gt_st_ = (call);                                          \
+    REQUIRE_MESSAGE(gt_st_ == DDP_SUCCESS, #call, ": ", ddp_last_error()); \
   } while (0)
 
 inline unsigned seed() {

@@ -18,8 +18,8 @@ static void expect(const char* what, ddp_status_t got, ddp_status_t want, const 
     printf("  ok   %s: %s: %s\n", what, ddp_status_string(got), msg);
   } else {
     ++failed;
-    printf("  FAIL %s: got %s (%d), want %s (%d) with \"%s\" in the message: \"%s\"\n", what,
-           ddp_status_string(got), (int)got, ddp_status_string(want), (int)want, needle ? needle : "", msg);
+    printf("  FAIL %s: got %s (%d), want %s (%d) with \"%s\" in the message: \"%s\"\n", what, ddp_status_string(got),
+           (int)got, ddp_status_string(want), (int)want, needle ? needle : "", msg);
   }
 }
 
@@ -52,8 +52,7 @@ int main(int argc, char** argv) {
   expect_untouched("ddp_comm_wrap_nccl", comm);
   /* Argument checks come first, in every build. */
   expect("ddp_comm_init_nccl(id NULL)", ddp_comm_init_nccl(NULL, 1, 0, 0, &comm), DDP_ERR_INVALID_ARGUMENT, "id");
-  expect("ddp_comm_init_nccl(rank 1 of 1)", ddp_comm_init_nccl(&id, 1, 1, 0, &comm), DDP_ERR_INVALID_ARGUMENT,
-         "rank");
+  expect("ddp_comm_init_nccl(rank 1 of 1)", ddp_comm_init_nccl(&id, 1, 1, 0, &comm), DDP_ERR_INVALID_ARGUMENT, "rank");
   expect("ddp_nccl_get_unique_id(NULL)", ddp_nccl_get_unique_id(NULL), DDP_ERR_INVALID_ARGUMENT, "id");
   expect("ddp_comm_wrap_nccl(NULL)", ddp_comm_wrap_nccl(NULL, &comm), DDP_ERR_INVALID_ARGUMENT, "nccl_comm");
   /* The host path still works in the same process. */

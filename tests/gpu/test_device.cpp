@@ -88,7 +88,8 @@ GPU_TEST_CASE("cuda device: pack and unpack match the host backend bitwise, ever
           CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
           // unpack back into the grads: GPU vs host
           dev.unpack(flat, static_cast<Dtype>(wire), dt, static_cast<Dtype>(src), scale, Span{0, SIZE_MAX}, *s);
-          host.unpack(want.data(), static_cast<Dtype>(wire), ht, static_cast<Dtype>(src), scale, Span{0, SIZE_MAX}, *hs);
+          host.unpack(want.data(), static_cast<Dtype>(wire), ht, static_cast<Dtype>(src), scale, Span{0, SIZE_MAX},
+                      *hs);
           s->drain(Deadline::never());
           for (size_t i = 0; i < g.dev.size(); ++i) {
             std::vector<char> b(g.numel[i] * dsize(src));
@@ -132,7 +133,8 @@ GPU_TEST_CASE("cuda device: plain copies against a float64 reference, and tables
   dev.unpack(flat, Dtype::F32, t, Dtype::F32, 1.0, Span{0, SIZE_MAX}, *s);
   CHECK(dev.uploads() == u0 + 2);
   s->drain(Deadline::never());
-  CHECK(gt::mismatches(gt::download(moved, g.numel[7], DDP_F32), gt::decode(g.host[7], DDP_F32), DDP_F64, "moved") == 0);
+  CHECK(gt::mismatches(gt::download(moved, g.numel[7], DDP_F32), gt::decode(g.host[7], DDP_F32), DDP_F64, "moved") ==
+        0);
   cudaFree(moved);
   dev.free(flat);
   free_grads(g);

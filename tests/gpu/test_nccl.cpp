@@ -111,8 +111,7 @@ GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dt
     const char* path;
   };
   // With NCCL >= 2.11: Avg fused; PreMulSum fused and f/world folded into unpack; PreMulSum alone; plain sum.
-  const Scaling scalings[] = {{1, 1.0, "avg"}, {1, 4.0, "premul + unpack scale"}, {0, 2.0, "premul"},
-                              {0, 1.0, "sum"}};
+  const Scaling scalings[] = {{1, 1.0, "avg"}, {1, 4.0, "premul + unpack scale"}, {0, 2.0, "premul"}, {0, 1.0, "sum"}};
   for (int arena = 0; arena < 2; ++arena) {
     for (int ns : {1, 4}) {
       for (const Scaling& sc : scalings) {

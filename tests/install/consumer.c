@@ -3,13 +3,13 @@
 
 #include "ddp.h"
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    ddp_status_t s_ = (call);                                                             \
-    if (s_ != DDP_SUCCESS) {                                                              \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    ddp_status_t s_ = (call);                                                                    \
+    if (s_ != DDP_SUCCESS) {                                                                     \
       fprintf(stderr, "consumer: %s: %s: %s\n", #call, ddp_status_string(s_), ddp_last_error()); \
-      return 1;                                                                           \
-    }                                                                                     \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
 
 int main(void) {

@@ -26,7 +26,10 @@ void record(const std::string& name, bool ok_here, const std::string& why) {
   int ok = ok_here ? 1 : 0, all = 0;
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok_here) std::fprintf(stderr, "[rank %d] FAIL %s: %s\n", g_rank, name.c_str(), why.c_str());
-  if (all) ++g_passed; else ++g_failed;
+  if (all)
+    ++g_passed;
+  else
+    ++g_failed;
   if (!all && g_rank == 0) std::fprintf(stderr, "FAIL %s\n", name.c_str());
 }
 
@@ -36,11 +39,13 @@ struct Case {
   bool triggers;
   size_t inplace;
   bool unused_zero;
+  size_t piece;  // host_piece_bytes (0: the library's choice)
   std::string name() const {
     char b[256];
-    std::snprintf(b, sizeof b, "layout=%s plan=%s streams=%d delay=%d avg=%d fp32=%d pre=%g trig=%d inplace=%zu zero=%d",
+    std::snprintf(b, sizeof b,
+                  "layout=%s plan=%s streams=%d delay=%d avg=%d fp32=%d pre=%g trig=%d inplace=%zu zero=%d piece=%zu",
                   layout ? "arena" : "copy", plan ? "reg" : "learned", streams, delay, average, fp32, predivide,
-                  triggers ? 1 : 0, inplace, unused_zero ? 1 : 0);
+                  triggers ? 1 : 0, inplace, unused_zero ? 1 : 0, piece);
     return b;
   }
 };
@@ -82,7 +87,10 @@ bool verify(const Grad& g, const void* p, uint64_t seed, int it, int gi, double 
     if (!ref::close(got, want, mag * std::fabs(scale), g.dtype)) {
       char b[256];
       std::snprintf(b, sizeof b, "iteration %d grad %d (%s[%zu]) element %zu: got %.9g want %.9g", it, gi,
-                    g.dtype == DDP_F16 ? "f16" : g.dtype == DDP_BF16 ? "bf16" : g.dtype == DDP_F32 ? "f32" : "f64",
+                    g.dtype == DDP_F16    ? "f16"
+                    : g.dtype == DDP_BF16 ? "bf16"
+                    : g.dtype == DDP_F32  ? "f32"
+                                          : "f64",
                     g.numel, i, got, want);
       *why = b;
       return false;
@@ -92,7 +100,7 @@ bool verify(const Grad& g, const void* p, uint64_t seed, int it, int gi, double 
 }
 
 bool run_case(const Case& c, uint64_t seed, std::string* why) {
-  std::mt19937_64 shared(seed);  // the same on every rank: registration
+  std::mt19937_64 shared(seed);                                         // the same on every rank: registration
   std::mt19937_64 mine(seed * 31 + static_cast<uint64_t>(g_rank) + 1);  // this rank's arrival orders
   const int ngrads = 1 + static_cast<int>(shared() % 24);
   std::vector<Grad> grads(static_cast<size_t>(ngrads));
@@ -111,6 +119,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
   cfg.allreduce_always_fp32 = c.fp32;
   cfg.gradient_predivide_factor = c.predivide;
   cfg.inplace_min_numel = c.inplace;
+  cfg.host_piece_bytes = c.piece;
   cfg.unused_policy = c.unused_zero ? DDP_UNUSED_ZERO : DDP_UNUSED_ERROR;
   cfg.timeout_ms = 60000;
   ddp_t d = nullptr;
@@ -142,7 +151,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     // Iteration 2 of the zero policy: each rank leaves out one grad of its own choosing.
     const bool leave_out = it == 2 && c.unused_zero;
     if (moved) which = 1;
-    for (int gi = 0; gi < ngrads; ++gi) fill(grads[static_cast<size_t>(gi)], where(grads[static_cast<size_t>(gi)], which), seed, it, gi);
+    for (int gi = 0; gi < ngrads; ++gi)
+      fill(grads[static_cast<size_t>(gi)], where(grads[static_cast<size_t>(gi)], which), seed, it, gi);
     std::vector<std::vector<char>> before;
     if (nosync) {
       EXPECT_OK(ddp_set_sync(d, 0));
@@ -155,7 +165,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
       EXPECT_OK(ddp_reduce_all(d, nullptr));
     } else {
       std::shuffle(order.begin(), order.end(), mine);
-      const int left_out = leave_out ? static_cast<int>((seed + static_cast<uint64_t>(g_rank)) % static_cast<uint64_t>(ngrads)) : -1;
+      const int left_out =
+          leave_out ? static_cast<int>((seed + static_cast<uint64_t>(g_rank)) % static_cast<uint64_t>(ngrads)) : -1;
       EXPECT_OK(ddp_begin_backward(d, nullptr));
       for (int gi : order) {
         if (gi == left_out) continue;
@@ -171,7 +182,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
         for (int gi = 0; gi < ngrads; ++gi) {
           std::vector<char> skipped(static_cast<size_t>(g_world), 0);
           for (int r = 0; r < g_world; ++r)
-            skipped[static_cast<size_t>(r)] = static_cast<int>((seed + static_cast<uint64_t>(r)) % static_cast<uint64_t>(ngrads)) == gi;
+            skipped[static_cast<size_t>(r)] =
+                static_cast<int>((seed + static_cast<uint64_t>(r)) % static_cast<uint64_t>(ngrads)) == gi;
           Grad& g = grads[static_cast<size_t>(gi)];
           if (!verify(g, where(g, which), seed, it, gi, scale, skipped, why)) return false;
         }
@@ -239,9 +251,12 @@ void test_all_combinations(uint64_t base_seed) {
               for (int fp32 = 0; fp32 < 2; ++fp32) {
                 ++n;
                 Case c{layout, plan, streams, delay, average, fp32, pre, (n % 5) == 0,
-                       (!layout && n % 3 == 0) ? size_t(1000) : size_t(0), (n % 4) == 1};
+                       (!layout && n % 3 == 0) ? size_t(1000) : size_t(0), (n % 4) == 1,
+                       // Small pieces, some not a multiple of any element size: many per bucket.
+                       n % 3 == 1 ? size_t(4096 + 12 * (n % 5) + (n % 2) * 3) : size_t(0)};
                 std::string why;
-                if (std::getenv("DDP_TEST_VERBOSE") && g_rank == 0) std::fprintf(stderr, "case %d: %s\n", n, c.name().c_str());
+                if (std::getenv("DDP_TEST_VERBOSE") && g_rank == 0)
+                  std::fprintf(stderr, "case %d: %s\n", n, c.name().c_str());
                 bool ok = run_case(c, base_seed + static_cast<uint64_t>(n) * 7777, &why);
                 record("reduce " + c.name(), ok, why);
               }
@@ -251,7 +266,8 @@ void test_all_combinations(uint64_t base_seed) {
 
 bool expect_status(ddp_status_t got, ddp_status_t want, const char* needle, std::string* why) {
   if (got != want) {
-    *why = std::string("status ") + ddp_status_string(got) + ", wanted " + ddp_status_string(want) + " (" + ddp_last_error() + ")";
+    *why = std::string("status ") + ddp_status_string(got) + ", wanted " + ddp_status_string(want) + " (" +
+           ddp_last_error() + ")";
     return false;
   }
   if (needle && !std::strstr(ddp_last_error(), needle)) {
@@ -268,10 +284,11 @@ void test_mismatch() {
     int extra_grad, other_dtype, other_msg, other_streams;
     const char* needle;
   };
-  const Variant vs[] = {{"extra grad", 1, 0, 0, 0, g_world > 1 ? "registered 4 grads but rank 0 registered 3" : nullptr},
-                        {"other dtype", 0, 1, 0, 0, g_world > 1 ? "grad 2 is f32[50]" : nullptr},
-                        {"other message_size", 0, 0, 1, 0, g_world > 1 ? "message_size" : nullptr},
-                        {"other num_streams", 0, 0, 0, 1, g_world > 1 ? "num_streams" : nullptr}};
+  const Variant vs[] = {
+      {"extra grad", 1, 0, 0, 0, g_world > 1 ? "registered 4 grads but rank 0 registered 3" : nullptr},
+      {"other dtype", 0, 1, 0, 0, g_world > 1 ? "grad 2 is f32[50]" : nullptr},
+      {"other message_size", 0, 0, 1, 0, g_world > 1 ? "message_size" : nullptr},
+      {"other num_streams", 0, 0, 0, 1, g_world > 1 ? "num_streams" : nullptr}};
   for (const Variant& v : vs) {
     std::string why;
     bool ok = true;
@@ -369,7 +386,9 @@ void test_broadcast() {
   for (size_t i = 0; ok && i < b.size(); ++i) ok = b[i] == static_cast<float>(i);
   for (size_t i = 0; ok && i < c.size(); ++i) ok = c[i] == i;
   if (!ok && why.empty()) why = "wrong broadcast values";
-  if (ok) ok = expect_status(ddp_broadcast(d, bufs, counts, types, 3, g_world, nullptr), DDP_ERR_INVALID_ARGUMENT, "root", &why);
+  if (ok)
+    ok = expect_status(ddp_broadcast(d, bufs, counts, types, 3, g_world, nullptr), DDP_ERR_INVALID_ARGUMENT, "root",
+                       &why);
   ddp_destroy(d);
   record("broadcast from the last rank", ok, why);
 }
@@ -393,7 +412,9 @@ int main(int argc, char** argv) {
   test_unused_error_policy();
   test_broadcast();
   ddp_comm_destroy(g_comm);
-  if (g_rank == 0) std::printf("mpi(np=%d, seed=%llu): %d passed, %d failed\n", g_world, static_cast<unsigned long long>(seed), g_passed, g_failed);
+  if (g_rank == 0)
+    std::printf("mpi(np=%d, seed=%llu): %d passed, %d failed\n", g_world, static_cast<unsigned long long>(seed),
+                g_passed, g_failed);
   MPI_Finalize();
   return g_failed ? 1 : 0;
 }

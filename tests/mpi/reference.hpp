@@ -22,8 +22,8 @@ inline uint64_t mix(uint64_t x) {
 
 // A value in [-2, 2) that depends on every argument.
 inline double raw_value(uint64_t seed, int rank, int iter, int grad, size_t i) {
-  uint64_t h = mix(seed ^ mix(static_cast<uint64_t>(rank) * 1000003u ^ mix(static_cast<uint64_t>(iter) * 7919u ^
-                                                                           mix(static_cast<uint64_t>(grad) ^ mix(i)))));
+  uint64_t h = mix(seed ^ mix(static_cast<uint64_t>(rank) * 1000003u ^
+                              mix(static_cast<uint64_t>(iter) * 7919u ^ mix(static_cast<uint64_t>(grad) ^ mix(i)))));
   return (static_cast<double>(h >> 11) / 9007199254740992.0) * 4.0 - 2.0;
 }
 
@@ -31,12 +31,13 @@ inline double raw_value(uint64_t seed, int rank, int iter, int grad, size_t i) {
 inline float round_bf16(float f) {
   if (std::isnan(f) || std::isinf(f) || f == 0.0f) return f;
   int e;
-  std::frexp(static_cast<double>(f), &e);  // |f| in [2^(e-1), 2^e)
+  std::frexp(static_cast<double>(f), &e);               // |f| in [2^(e-1), 2^e)
   double ulp = std::ldexp(1.0, std::max(e - 8, -133));  // 8 significant bits; subnormals below 2^-126
   double q = static_cast<double>(f) / ulp;
   double r = std::nearbyint(q);  // default rounding mode: nearest even
   double v = r * ulp;
-  if (std::fabs(v) >= 3.40282356779733661637539395458142568448e38) return f > 0 ? INFINITY : -INFINITY;  // past FLT_MAX + ulp/2
+  if (std::fabs(v) >= 3.40282356779733661637539395458142568448e38)
+    return f > 0 ? INFINITY : -INFINITY;  // past FLT_MAX + ulp/2
   return static_cast<float>(v);
 }
 

@@ -9,11 +9,11 @@
 
 #include "ddp.h"
 
-#define CHECK_STATUS(call, want, needle)                                        \
-  do {                                                                          \
-    ddp_status_t st_ = (call);                                                  \
+#define CHECK_STATUS(call, want, needle)                                                         \
+  do {                                                                                           \
+    ddp_status_t st_ = (call);                                                                   \
     CHECK_MESSAGE(st_ == (want), #call, " -> ", ddp_status_string(st_), ": ", ddp_last_error()); \
-    CHECK_MESSAGE(has_text(ddp_last_error(), (needle)), ddp_last_error());                     \
+    CHECK_MESSAGE(has_text(ddp_last_error(), (needle)), ddp_last_error());                       \
   } while (0)
 
 static const char* const kNone = nullptr;
@@ -36,7 +36,8 @@ TEST_CASE("status strings come from one table; unknown values are named") {
   CHECK(std::string(ddp_status_string(DDP_SUCCESS)) == "success");
   CHECK(std::string(ddp_status_string(DDP_ERR_TIMEOUT)) == "timed out waiting for other ranks");
   CHECK(std::string(ddp_status_string(static_cast<ddp_status_t>(999))) == "unknown status");
-  for (int s = 0; s < DDP_STATUS_COUNT; ++s) CHECK(std::string(ddp_status_string(static_cast<ddp_status_t>(s))) != "unknown status");
+  for (int s = 0; s < DDP_STATUS_COUNT; ++s)
+    CHECK(std::string(ddp_status_string(static_cast<ddp_status_t>(s))) != "unknown status");
   CHECK(DDP_ERR_INTERNAL == 11);
   CHECK(ddp_version() == DDP_VERSION_CODE);
 }
@@ -180,7 +181,8 @@ TEST_CASE("registration: bad numel, dtype, flags; closed after the first backwar
   CHECK_STATUS(ddp_register_grad(o.ddp, f, SIZE_MAX, DDP_F32, 0, &i), DDP_ERR_INVALID_ARGUMENT, "too large");
   CHECK_STATUS(ddp_register_grad(o.ddp, f, SIZE_MAX / 2, DDP_F64, 0, &i), DDP_ERR_INVALID_ARGUMENT, "too large");
   CHECK_STATUS(ddp_register_grad(o.ddp, f, 8, static_cast<ddp_dtype_t>(4), 0, &i), DDP_ERR_INVALID_ARGUMENT, "dtype 4");
-  CHECK_STATUS(ddp_register_grad(o.ddp, f, 8, static_cast<ddp_dtype_t>(-1), 0, &i), DDP_ERR_INVALID_ARGUMENT, "dtype -1");
+  CHECK_STATUS(ddp_register_grad(o.ddp, f, 8, static_cast<ddp_dtype_t>(-1), 0, &i), DDP_ERR_INVALID_ARGUMENT,
+               "dtype -1");
   CHECK_STATUS(ddp_register_grad(o.ddp, f, 8, DDP_F32, 0x10, &i), DDP_ERR_INVALID_ARGUMENT, "unknown flags");
   CHECK(i == -1);
   CHECK_STATUS(ddp_register_grad(o.ddp, f, 8, DDP_F32, 0, &i), DDP_SUCCESS, kNone);
@@ -235,7 +237,8 @@ TEST_CASE("unused grads: error policy names them, zero policy reduces zeros") {
     One o(&c);
     std::vector<float> g[3] = {std::vector<float>(5, 2.0f), std::vector<float>(6, 2.0f), std::vector<float>(7, 2.0f)};
     int idx[3];
-    for (int k = 0; k < 3; ++k) REQUIRE(ddp_register_grad(o.ddp, g[k].data(), g[k].size(), DDP_F32, 0, &idx[k]) == DDP_SUCCESS);
+    for (int k = 0; k < 3; ++k)
+      REQUIRE(ddp_register_grad(o.ddp, g[k].data(), g[k].size(), DDP_F32, 0, &idx[k]) == DDP_SUCCESS);
     REQUIRE(ddp_begin_backward(o.ddp, nullptr) == DDP_SUCCESS);
     REQUIRE(ddp_grad_ready(o.ddp, idx[1]) == DDP_SUCCESS);
     if (policy == DDP_UNUSED_ERROR)

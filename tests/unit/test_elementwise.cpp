@@ -41,7 +41,7 @@ TEST_CASE("f16: f32 rounding matches the compiler's, ties and subnormals include
   for (int i = 0; i < 2000000; ++i) {
     uint32_t u = rng();
     if (i % 3 == 0) u = (u & 0x807fffffu) | ((100u + (rng() % 45u)) << 23);  // near the f16 range
-    if (i % 7 == 0) u &= 0xffffe000u | 0x1000u;                            // exact ties
+    if (i % 7 == 0) u &= 0xffffe000u | 0x1000u;                              // exact ties
     float f;
     std::memcpy(&f, &u, 4);
     if (std::isnan(f)) continue;
@@ -98,7 +98,9 @@ TEST_CASE("host convert: every dtype pair with scaling, against float64") {
       for (double scale : {1.0, 0.5, 1.0 / 3.0}) {
         const size_t n = 1 + rng() % 500;
         std::vector<char> src(n * 8), dst(n * 8);
-        for (size_t i = 0; i < n; ++i) ref::store(src.data(), i, ctypes[s], ref::quantize(static_cast<double>(rng() % 20000) / 97.0 - 100.0, ctypes[s]));
+        for (size_t i = 0; i < n; ++i)
+          ref::store(src.data(), i, ctypes[s],
+                     ref::quantize(static_cast<double>(rng() % 20000) / 97.0 - 100.0, ctypes[s]));
         host::convert(src.data(), types[s], dst.data(), types[d], n, scale);
         for (size_t i = 0; i < n; ++i) {
           double want = ref::load(src.data(), i, ctypes[s]) * scale;

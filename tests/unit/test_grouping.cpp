@@ -38,14 +38,20 @@ class RecordingDevice final : public Device {
   std::unique_ptr<Stream> make_stream(int) override { return std::unique_ptr<Stream>(new InlineStream()); }
   void stream_wait_user(Stream&, void*) override { g_log.push_back("wait"); }
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override { g_log.push_back("pack" + std::to_string(t.segs.size())); }
-  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Span, Stream&) override { g_log.push_back("unpack" + std::to_string(t.segs.size())); }
+  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override {
+    g_log.push_back("pack" + std::to_string(t.segs.size()));
+  }
+  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Span, Stream&) override {
+    g_log.push_back("unpack" + std::to_string(t.segs.size()));
+  }
   void scale(void*, size_t, Dtype, double s, Stream&) override {
     if (s != 1.0) g_log.push_back("scale");
   }
   void fill_zero(void*, size_t, Dtype, Stream&) override { g_log.push_back("zero"); }
   void reserve_flags(size_t) override {}
-  void scan_nonfinite(const void*, size_t, Dtype, size_t slot, Stream&) override { g_log.push_back("scan" + std::to_string(slot)); }
+  void scan_nonfinite(const void*, size_t, Dtype, size_t slot, Stream&) override {
+    g_log.push_back("scan" + std::to_string(slot));
+  }
   bool take_nonfinite(size_t slot, Stream&) override {
     g_log.push_back("take" + std::to_string(slot));
     return false;
@@ -63,7 +69,10 @@ class RecordingComm final : public Comm {
   bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
   bool can_group() const override { return true; }
   void allreduce(void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
-    g_log.push_back("ar" + std::to_string(n) + (red.op == RedOp::Avg ? "avg" : red.op == RedOp::PreMulSum ? "pre" : "sum"));
+    g_log.push_back("ar" + std::to_string(n) +
+                    (red.op == RedOp::Avg         ? "avg"
+                     : red.op == RedOp::PreMulSum ? "pre"
+                                                  : "sum"));
   }
   void broadcast(void*, size_t, int, void*, Deadline) override {}
   void group_start() override { g_log.push_back("gs"); }
@@ -105,7 +114,9 @@ struct Rig {
   }
 };
 
-std::vector<std::string> L(std::initializer_list<const char*> l) { return std::vector<std::string>(l.begin(), l.end()); }
+std::vector<std::string> L(std::initializer_list<const char*> l) {
+  return std::vector<std::string>(l.begin(), l.end());
+}
 
 }  // namespace
 

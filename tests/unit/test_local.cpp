@@ -78,7 +78,8 @@ bool reduce_random(int rank, int world, ddp_comm_t comm, uint64_t seed, const dd
     };
     for (int i = 0; i < n; ++i)
       for (size_t e = 0; e < sizes[static_cast<size_t>(i)]; ++e)
-        ref::store(at(i), e, types[static_cast<size_t>(i)], ref::quantize(ref::raw_value(seed, rank, it, i, e), types[static_cast<size_t>(i)]));
+        ref::store(at(i), e, types[static_cast<size_t>(i)],
+                   ref::quantize(ref::raw_value(seed, rank, it, i, e), types[static_cast<size_t>(i)]));
     std::shuffle(order.begin(), order.end(), mine);
     ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
     for (int i : order) ok = ok && ddp_grad_ready(d, i) == DDP_SUCCESS;
@@ -92,7 +93,8 @@ bool reduce_random(int rank, int world, ddp_comm_t comm, uint64_t seed, const dd
           sum += v;
           mag += std::fabs(v);
         }
-        ok = ref::close(ref::load(at(i), e, types[static_cast<size_t>(i)]), sum * scale, mag * scale, types[static_cast<size_t>(i)]);
+        ok = ref::close(ref::load(at(i), e, types[static_cast<size_t>(i)]), sum * scale, mag * scale,
+                        types[static_cast<size_t>(i)]);
       }
   }
   ddp_destroy(d);
@@ -171,7 +173,8 @@ TEST_CASE("steady state: the hook and the whole iteration allocate nothing") {
         if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
         std::vector<std::vector<float>> g(20, std::vector<float>(100, 1.0f));
         int idx[20];
-        for (int i = 0; i < 20; ++i) ddp_register_grad(d, layout ? nullptr : g[static_cast<size_t>(i)].data(), 100, DDP_F32, 0, &idx[i]);
+        for (int i = 0; i < 20; ++i)
+          ddp_register_grad(d, layout ? nullptr : g[static_cast<size_t>(i)].data(), 100, DDP_F32, 0, &idx[i]);
         bool ok = true;
         for (int it = 0; it < 5 && ok; ++it) {
           long before_iter = t_allocs;

@@ -12,8 +12,8 @@ namespace ddp {
 void cuda_fail(cudaError_t rc, const char* call, const char* file, int line) {
   cudaGetLastError();  // clear a non-sticky error so that later calls do not see it again
   const char* base = std::strrchr(file, '/');
-  fail(rc == cudaErrorMemoryAllocation ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_CUDA, "%s failed: %s (%s) at %s:%d",
-       call, cudaGetErrorName(rc), cudaGetErrorString(rc), base ? base + 1 : file, line);
+  fail(rc == cudaErrorMemoryAllocation ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_CUDA, "%s failed: %s (%s) at %s:%d", call,
+       cudaGetErrorName(rc), cudaGetErrorString(rc), base ? base + 1 : file, line);
 }
 
 int require_cuda_device(int device) {
@@ -26,8 +26,7 @@ int require_cuda_device(int device) {
                           ? "no usable CUDA driver, so no CUDA device (no GPU driver is installed, or it is older "
                             "than the CUDA runtime libddp was built with)"
                           : "no CUDA device is usable";
-    fail(DDP_ERR_CUDA, "%s: cudaGetDeviceCount failed with %s (%s)", why, cudaGetErrorName(rc),
-         cudaGetErrorString(rc));
+    fail(DDP_ERR_CUDA, "%s: cudaGetDeviceCount failed with %s (%s)", why, cudaGetErrorName(rc), cudaGetErrorString(rc));
   }
   if (n <= 0) fail(DDP_ERR_CUDA, "no CUDA device is visible to this process (cudaGetDeviceCount found 0)");
   if (device >= n)
@@ -218,8 +217,7 @@ void CudaDevice::TableState::reserve(size_t count, cudaStream_t stream) {
 }
 
 // Fills the host image of the table (kernel descriptors, CUB's arrays) and uploads it on `stream`.
-void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_buf, size_t elem,
-                                    cudaStream_t stream) {
+void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_buf, size_t elem, cudaStream_t stream) {
   kern::SegDesc* hs = reinterpret_cast<kern::SegDesc*>(host.data());
   void** hg = reinterpret_cast<void**>(host.data() + n * sizeof(kern::SegDesc));
   void** hf = hg + n;
@@ -353,8 +351,8 @@ void CudaDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, dou
   TableState& st = prepare(table, dst, dtype_size(wire), c);
   if (src == wire && scale == 1.0 && !st.any_zero) {
     size_t temp = st.temp_bytes;
-    DDP_CUDA_CHECK(kern::batched_copy(st.temp, &temp, st.grads(), st.flats(), st.bytes(), static_cast<int>(st.n),
-                                      c.stream()));
+    DDP_CUDA_CHECK(
+        kern::batched_copy(st.temp, &temp, st.grads(), st.flats(), st.bytes(), static_cast<int>(st.n), c.stream()));
   } else {
     DDP_CUDA_CHECK(kern::launch_multi_tensor(st.segs(), static_cast<int>(st.n), st.total_blocks,
                                              static_cast<ddp_dtype_t>(src), static_cast<ddp_dtype_t>(wire), dst, 1,
@@ -371,8 +369,8 @@ void CudaDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype 
   TableState& st = prepare(table, src, dtype_size(wire), c);
   if (wire == dst && scale == 1.0) {
     size_t temp = st.temp_bytes;
-    DDP_CUDA_CHECK(kern::batched_copy(st.temp, &temp, st.flats(), st.grads(), st.bytes(), static_cast<int>(st.n),
-                                      c.stream()));
+    DDP_CUDA_CHECK(
+        kern::batched_copy(st.temp, &temp, st.flats(), st.grads(), st.bytes(), static_cast<int>(st.n), c.stream()));
   } else {
     DDP_CUDA_CHECK(kern::launch_multi_tensor(st.segs(), static_cast<int>(st.n), st.total_blocks,
                                              static_cast<ddp_dtype_t>(wire), static_cast<ddp_dtype_t>(dst),

@@ -14,9 +14,9 @@ namespace ddp {
 // One macro for every CUDA runtime return code: a failure throws DDP_ERR_CUDA (an allocation failure
 // DDP_ERR_OUT_OF_MEMORY) naming the call and CUDA's error.
 [[noreturn]] void cuda_fail(cudaError_t rc, const char* call, const char* file, int line);
-#define DDP_CUDA_CHECK(call)                                                 \
-  do {                                                                       \
-    cudaError_t ddp_cuda_rc_ = (call);                                       \
+#define DDP_CUDA_CHECK(call)                                                                    \
+  do {                                                                                          \
+    cudaError_t ddp_cuda_rc_ = (call);                                                          \
     if (ddp_cuda_rc_ != cudaSuccess) ::ddp::cuda_fail(ddp_cuda_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
@@ -79,7 +79,7 @@ class CudaStream final : public Stream {
   cudaEvent_t in_event_ = nullptr, out_event_ = nullptr;
   bool cancelled_ = false;
   std::vector<AsyncErrorSource*> sources_;
-  Deadline pending_;       // the latest deadline of enqueued collectives
+  Deadline pending_;  // the latest deadline of enqueued collectives
   bool has_pending_ = false;
 };
 
@@ -95,8 +95,7 @@ class CudaDevice final : public Device {
   void stream_wait_user(Stream& s, void* user_stream) override;
   void user_wait_stream(void* user_stream, Stream& s) override;
   void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
-  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
-              Stream& s) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream& s) override;
   void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
   void reserve_flags(size_t slots) override;

@@ -20,12 +20,12 @@ namespace {
 
 // One macro for every NCCL return code. `comm` (may be null) adds NCCL's last error text.
 const char* nccl_last_error(ncclComm_t comm);
-#define DDP_NCCL_CHECK(call, comm)                                                                   \
-  do {                                                                                               \
-    ncclResult_t ddp_nccl_rc_ = (call);                                                              \
-    if (ddp_nccl_rc_ != ncclSuccess)                                                                 \
-      fail(DDP_ERR_NCCL, "%s failed: %s%s%s", #call, ncclGetErrorString(ddp_nccl_rc_),               \
-           nccl_last_error(comm)[0] ? ": " : "", nccl_last_error(comm));                             \
+#define DDP_NCCL_CHECK(call, comm)                                                     \
+  do {                                                                                 \
+    ncclResult_t ddp_nccl_rc_ = (call);                                                \
+    if (ddp_nccl_rc_ != ncclSuccess)                                                   \
+      fail(DDP_ERR_NCCL, "%s failed: %s%s%s", #call, ncclGetErrorString(ddp_nccl_rc_), \
+           nccl_last_error(comm)[0] ? ": " : "", nccl_last_error(comm));               \
   } while (0)
 
 static_assert(sizeof(ddp_nccl_id_t) == sizeof(ncclUniqueId), "ddp_nccl_id_t must hold an ncclUniqueId");
@@ -34,11 +34,11 @@ static_assert(sizeof(ddp_nccl_id_t) == sizeof(ncclUniqueId), "ddp_nccl_id_t must
 // what is missing) with an older libnccl.so.2.
 struct NcclApi {
   int version = 0;  // ncclGetVersion: 10000*major + 100*minor + patch (2.9 and later)
-  ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;           // 2.18
-  ncclResult_t (*premul_create)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t, ncclComm_t) =
-      nullptr;                                                                                       // 2.11
-  ncclResult_t (*op_destroy)(ncclRedOp_t, ncclComm_t) = nullptr;                                     // 2.11
-  const char* (*last_error)(ncclComm_t) = nullptr;                                                   // 2.13
+  ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;  // 2.18
+  ncclResult_t (*premul_create)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t,
+                                ncclComm_t) = nullptr;            // 2.11
+  ncclResult_t (*op_destroy)(ncclRedOp_t, ncclComm_t) = nullptr;  // 2.11
+  const char* (*last_error)(ncclComm_t) = nullptr;                // 2.13
 };
 
 const NcclApi& api() {
@@ -150,9 +150,11 @@ class NcclComm final : public Comm, public AsyncErrorSource {
 
   void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline) override {
     live();
-    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    if (root < 0 || root >= size_)
+      fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     DeviceGuard g(device_);
-    DDP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)), comm_);
+    DDP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)),
+                   comm_);
   }
 
   bool can_group() const override { return true; }
@@ -173,7 +175,8 @@ class NcclComm final : public Comm, public AsyncErrorSource {
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
     live();
-    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    if (root < 0 || root >= size_)
+      fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     if (bytes == 0) return;
     DeviceGuard g(device_);
     char* d = ctrl_buffer(bytes);
@@ -260,8 +263,10 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       check_async();
       if (dl.passed()) {
         mark_stalled();
-        fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled, died or issued a "
-                              "different collective", what);
+        fail(DDP_ERR_TIMEOUT,
+             "%s did not complete before the timeout: another rank stalled, died or issued a "
+             "different collective",
+             what);
       }
       if (spin < 64)
         sched_yield();

@@ -170,8 +170,10 @@ void HostStream::drain(Deadline deadline) {
     if (deadline.passed()) fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
     if (bounded && w.blocked) {
       abandon();
-      fail(DDP_ERR_TIMEOUT, "a collective did not complete within timeout_ms (%lld ms): another rank stalled, "
-                            "died or issued a different collective", static_cast<long long>(w.task_timeout_ms));
+      fail(DDP_ERR_TIMEOUT,
+           "a collective did not complete within timeout_ms (%lld ms): another rank stalled, "
+           "died or issued a different collective",
+           static_cast<long long>(w.task_timeout_ms));
     }
     if (bounded) w.done_cv.wait_for(lock, std::chrono::milliseconds(10));  // computing: give it time
   }
@@ -285,8 +287,7 @@ void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, dou
   });
 }
 
-void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
-                        Stream&) {
+void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream&) {
   const char* in = static_cast<const char*>(src);
   const size_t ws = dtype_size(wire), ds = dtype_size(dst);
   for_span(table, span, [&](const Segment& seg, size_t first, size_t n) {
@@ -312,6 +313,8 @@ void HostDevice::scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot,
   if (host::has_nonfinite(buf, n, d)) flags_[slot].store(true, std::memory_order_relaxed);
 }
 
-bool HostDevice::take_nonfinite(size_t slot, Stream&) { return flags_[slot].exchange(false, std::memory_order_relaxed); }
+bool HostDevice::take_nonfinite(size_t slot, Stream&) {
+  return flags_[slot].exchange(false, std::memory_order_relaxed);
+}
 
 }  // namespace ddp

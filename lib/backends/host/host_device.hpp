@@ -26,8 +26,7 @@ class HostDevice final : public Device {
   void stream_wait_user(Stream&, void*) override {}
   void user_wait_stream(void*, Stream&) override {}
   void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
-  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
-              Stream& s) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream& s) override;
   void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
   void reserve_flags(size_t slots) override;

@@ -80,7 +80,9 @@ class LocalComm final : public Comm {
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum; }
   // Pieces as on MPI, so that in-process tests run the same pipeline.
-  size_t piece_elems(Dtype d) const override { return std::max<size_t>(1, piece_bytes_ / dtype_size(d)); }
+  size_t piece_elems(Dtype d, size_t bytes) const override {
+    return std::max<size_t>(1, (bytes ? bytes : piece_bytes_) / dtype_size(d));
+  }
 
   void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
@@ -103,7 +105,8 @@ class LocalComm final : public Comm {
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     post(in, bytes, dl);
     for (int r = 0; r < size(); ++r)
-      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
+      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)],
+                  bytes);
     barrier(dl);
   }
 

@@ -26,11 +26,10 @@ std::string mpi_error_text(int code) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-#define DDP_MPI_CHECK(call)                                                                   \
-  do {                                                                                        \
-    int ddp_mpi_rc_ = (call);                                                                 \
-    if (ddp_mpi_rc_ != MPI_SUCCESS)                                                           \
-      fail(DDP_ERR_MPI, "%s failed: %s", #call, mpi_error_text(ddp_mpi_rc_).c_str());       \
+#define DDP_MPI_CHECK(call)                                                                                         \
+  do {                                                                                                              \
+    int ddp_mpi_rc_ = (call);                                                                                       \
+    if (ddp_mpi_rc_ != MPI_SUCCESS) fail(DDP_ERR_MPI, "%s failed: %s", #call, mpi_error_text(ddp_mpi_rc_).c_str()); \
   } while (0)
 
 std::once_flag g_init_once;
@@ -84,8 +83,10 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
     DDP_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     if (done) return;
     if ((spin & 63u) == 63u && dl.passed())
-      fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled, died or "
-                            "issued a different collective", what);
+      fail(DDP_ERR_TIMEOUT,
+           "%s did not complete before the timeout: another rank stalled, died or "
+           "issued a different collective",
+           what);
     sched_yield();
   }
 }
@@ -118,17 +119,17 @@ class MpiComm final : public Comm {
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum; }
-  size_t piece_elems(Dtype d) const override {
-    return std::max<size_t>(1, std::min(kMaxChunk, piece_bytes_ / dtype_size(d)));
+  size_t piece_elems(Dtype d, size_t bytes) const override {
+    return std::max<size_t>(1, std::min(kMaxChunk, (bytes ? bytes : piece_bytes_) / dtype_size(d)));
   }
 
   void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "MPI comm: only sum is fused");
     MPI_Datatype t = mpi_type(d);
     char* p = static_cast<char*>(buf);
-    const size_t piece = piece_elems(d);
+    // The reducer already cuts pieces (piece_elems); only counts beyond an int are split here.
     for (size_t done = 0; done < n;) {
-      const int k = static_cast<int>(std::min(piece, n - done));
+      const int k = static_cast<int>(std::min(kMaxChunk, n - done));
       void* at = p + done * dtype_size(d);
       host::BlockingCall call;
       if (call.on_worker()) {
@@ -144,7 +145,8 @@ class MpiComm final : public Comm {
 
   // ddp_broadcast: the caller's buffers, in place.
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
-    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    if (root < 0 || root >= size_)
+      fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     bcast_pieces(static_cast<char*>(buf), bytes, root, dl);
   }
 
@@ -163,7 +165,8 @@ class MpiComm final : public Comm {
   }
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
-    if (root < 0 || root >= size_) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
+    if (root < 0 || root >= size_)
+      fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     send_.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + bytes);
     try {
       bcast_pieces(send_.data(), bytes, root, dl);
