@@ -131,8 +131,10 @@ class Comm {
   virtual bool supports_wire(Dtype d) const = 0;
   virtual bool supports(RedOp op) const = 0;
 
-  // In-place allreduce of `n` elements in the comm's memory kind, in stream order on `s`.
-  virtual void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) = 0;
+  // Allreduce of `n` elements from `send` into `recv` in the comm's memory kind, in stream order on
+  // `s`. `send == recv` reduces in place; otherwise the two do not overlap and `send` is only read
+  // (a copy-layout piece that lies in one grad goes straight from the grad, with no pack).
+  virtual void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) = 0;
   // In-place broadcast of `bytes` from `root` in the comm's memory kind, in stream order on the
   // user's `user_stream` (a cudaStream_t for NCCL; host comms run it synchronously).
   virtual void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) = 0;

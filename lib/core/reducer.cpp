@@ -321,14 +321,15 @@ void Reducer::collectives(int b, bool own_group) {
   auto [r, bk, s, d, c] = work(b);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   if (env_.arena && r.wire == bk.dtype) {
-    c.allreduce(r.base, bk.numel, bk.dtype, red_, s, dl);
+    c.allreduce(r.base, r.base, bk.numel, bk.dtype, red_, s, dl);
     return;
   }
   const bool packed = !r.packed.segs.empty();
   const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
   if (group) c.group_start();
-  if (packed) c.allreduce(staging_[static_cast<size_t>(bk.stream)], r.packed_numel, r.wire, red_, s, dl);
-  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.numel, bk.dtype, red_, s, dl);
+  void* st = staging_[static_cast<size_t>(bk.stream)];
+  if (packed) c.allreduce(st, st, r.packed_numel, r.wire, red_, s, dl);
+  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, red_, s, dl);
   if (group) c.group_end();
 }
 
@@ -403,11 +404,15 @@ void Reducer::pipeline(int b) {
     char* st = static_cast<char*>(staging_[static_cast<size_t>(bk.stream)]);
     const size_t ws = dtype_size(r.wire);
     const Deadline dl = Deadline::after_ms(env_.timeout_ms);
-    size_t cursor = 0;
+    size_t cursor = 0, walk = 0;
     for (size_t lo = 0; lo < r.packed_numel; lo += r.piece) {
       const Span sp{lo, std::min(r.packed_numel, lo + r.piece)};
-      d.pack(r.packed, bk.dtype, st, r.wire, pre_, sp, s);
-      c.allreduce(st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
+      const void* from = direct_source(r, bk.dtype, sp, &walk);
+      if (!from) {
+        d.pack(r.packed, bk.dtype, st, r.wire, pre_, sp, s);
+        from = st + lo * ws;
+      }
+      c.allreduce(from, st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
       d.unpack(st, r.wire, r.packed, bk.dtype, post_, sp, s);
       scan_packed(b, sp, &cursor);
     }
@@ -417,6 +422,19 @@ void Reducer::pipeline(int b) {
     }
   }
   account(b);
+}
+
+// Where a packed piece can be sent from without packing it: inside one used grad, when the pack
+// would neither cast nor scale. The collective then reads the grad and writes the staging buffer,
+// and the unpack brings the sum back: one pass fewer. *seg walks the segments as the spans advance.
+const void* Reducer::direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const {
+  if (r.wire != dtype || pre_ != 1.0) return nullptr;
+  const std::vector<Segment>& segs = r.packed.segs;
+  while (*seg < segs.size() && segs[*seg].offset + segs[*seg].numel <= sp.lo) ++*seg;
+  if (*seg == segs.size()) return nullptr;
+  const Segment& g = segs[*seg];
+  if (g.zero || g.offset > sp.lo || g.offset + g.numel < sp.hi) return nullptr;
+  return static_cast<const char*>(g.ptr) + (sp.lo - g.offset) * dtype_size(dtype);
 }
 
 // An in-place range (an arena bucket, a grad reduced in place) in pieces, each scaled before and
@@ -429,7 +447,7 @@ void Reducer::reduce_in_place(int b, void* p, size_t n) {
     char* at = static_cast<char*>(p) + lo * es;
     const size_t k = std::min(r.piece, n - lo);
     d.scale(at, k, bk.dtype, pre_, s);
-    c.allreduce(at, k, bk.dtype, red_, s, dl);
+    c.allreduce(at, at, k, bk.dtype, red_, s, dl);
     d.scale(at, k, bk.dtype, post_, s);
     scan(b, at, k);
   }

@@ -108,6 +108,7 @@ class Reducer {
   // Host comms that cut pieces: the whole bucket piece by piece, every pass fused into the pieces.
   void pipeline(int b);
   void reduce_in_place(int b, void* p, size_t n);
+  const void* direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const;
   void scan(int b, const void* p, size_t n);
   void scan_packed(int b, Span span, size_t* cursor);
   void account(int b);

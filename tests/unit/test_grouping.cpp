@@ -68,7 +68,7 @@ class RecordingComm final : public Comm {
   bool supports_wire(Dtype) const override { return true; }
   bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
   bool can_group() const override { return true; }
-  void allreduce(void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
+  void allreduce(const void*, void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
     g_log.push_back("ar" + std::to_string(n) +
                     (red.op == RedOp::Avg         ? "avg"
                      : red.op == RedOp::PreMulSum ? "pre"

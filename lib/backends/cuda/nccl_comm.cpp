@@ -136,7 +136,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     return false;
   }
 
-  void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) override {
+  void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) override {
     live();
     CudaStream* cs = dynamic_cast<CudaStream*>(&s);
     if (!cs) fail(DDP_ERR_INTERNAL, "NCCL comm: given a stream that is not a CUDA stream");
@@ -144,7 +144,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       fail(DDP_ERR_UNSUPPORTED, "NCCL %d.%d has no %s arithmetic (2.10 or later has)", api().version / 10000,
            api().version / 100 % 100, dtype_name(d));
     DeviceGuard g(device_);
-    DDP_NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_type(d), op_for(red, d), comm_, cs->stream()), comm_);
+    DDP_NCCL_CHECK(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs->stream()), comm_);
     cs->watch(this, dl);
   }
 

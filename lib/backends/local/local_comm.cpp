@@ -84,18 +84,17 @@ class LocalComm final : public Comm {
     return std::max<size_t>(1, (bytes ? bytes : piece_bytes_) / dtype_size(d));
   }
 
-  void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
+  void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
     if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
     const size_t bytes = n * dtype_size(d);
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    post(buf, bytes, dl);
+    // post() copies `send` into the channel, so the sum can go straight into recv, in place or not.
+    post(send, bytes, dl);
     if (d == Dtype::F32)
-      sum<float>(scratch_.data(), n);
+      sum<float>(recv, n);
     else
-      sum<double>(scratch_.data(), n);
+      sum<double>(recv, n);
     barrier(dl);  // everyone has read every buffer
-    std::memcpy(buf, scratch_.data(), bytes);
   }
 
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
@@ -177,7 +176,6 @@ class LocalComm final : public Comm {
   std::string key_;
   std::atomic<uint64_t> dups_{0};
   std::shared_ptr<Channel> channel_;
-  std::vector<char> scratch_;
   size_t piece_bytes_ = host::piece_bytes();
 };
 

@@ -123,20 +123,21 @@ class MpiComm final : public Comm {
     return std::max<size_t>(1, std::min(kMaxChunk, (bytes ? bytes : piece_bytes_) / dtype_size(d)));
   }
 
-  void allreduce(void* buf, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
+  void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "MPI comm: only sum is fused");
     MPI_Datatype t = mpi_type(d);
-    char* p = static_cast<char*>(buf);
+    const size_t es = dtype_size(d);
     // The reducer already cuts pieces (piece_elems); only counts beyond an int are split here.
     for (size_t done = 0; done < n;) {
       const int k = static_cast<int>(std::min(kMaxChunk, n - done));
-      void* at = p + done * dtype_size(d);
+      void* to = static_cast<char*>(recv) + done * es;
+      const void* from = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + done * es;
       host::BlockingCall call;
       if (call.on_worker()) {
-        DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at, k, t, MPI_SUM, comm_));
+        DDP_MPI_CHECK(MPI_Allreduce(from, to, k, t, MPI_SUM, comm_));
       } else {
         MPI_Request req;
-        DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at, k, t, MPI_SUM, comm_, &req));
+        DDP_MPI_CHECK(MPI_Iallreduce(from, to, k, t, MPI_SUM, comm_, &req));
         wait_request(&req, dl, "MPI allreduce");
       }
       done += static_cast<size_t>(k);
