@@ -238,7 +238,10 @@ typedef struct ddp_config {
    * Values are never changed. */
   int check_finite;
   /* Copy layout only: an f32/f64 grad of at least this many elements is reduced in place as its own
-   * collective instead of being packed. 0 (default) never does this. */
+   * collective instead of being packed. 0 (default) is the library's choice: on host memory, grads
+   * of at least one piece (host_piece_bytes) go in place, which skips the pack and unpack passes;
+   * on GPUs none. SIZE_MAX: never, and no collective reads or writes the caller's grads (a timed-out
+   * MPI collective, which cannot be cancelled, then touches only library memory). */
   size_t inplace_min_numel;
   /* --- version 1 ends here (DDP_CONFIG_V1_SIZE); later fields are appended below --- */
 
@@ -270,7 +273,7 @@ typedef struct ddp_config {
         DDP_UNUSED_ERROR,   /* unused_policy */                                     \
         NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */    \
         0,                  /* check_finite: off */                                 \
-        0,                  /* inplace_min_numel: never */                          \
+        0,                  /* inplace_min_numel: the library's choice */           \
         0                   /* host_piece_bytes: the library's choice */            \
   }
 

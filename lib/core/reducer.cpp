@@ -119,11 +119,15 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     r->size = static_cast<int>(bk.grads.size());
     Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
     r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
-    const bool may_direct = !env_.arena && r->wire == bk.dtype && env_.inplace_min_numel > 0;
+    r->piece = c.piece_elems(r->wire, env_.piece_bytes);
+    // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
+    // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
+    const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
+    const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0;
     for (size_t s = 0; s < bk.grads.size(); ++s) {
       size_t g = static_cast<size_t>(bk.grads[s]);
       const size_t n = specs_[g].numel;
-      if (may_direct && n >= env_.inplace_min_numel) {
+      if (may_direct && n >= inplace) {
         r->direct.segs.push_back(Segment{ptrs[g], 0, n, 0});
         r->where.emplace_back(&r->direct, r->direct.segs.size() - 1);
       } else {
@@ -133,7 +137,6 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
       }
     }
     if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
-    r->piece = c.piece_elems(r->wire, env_.piece_bytes);
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
@@ -426,9 +429,10 @@ void Reducer::pipeline(int b) {
 
 // Where a packed piece can be sent from without packing it: inside one used grad, when the pack
 // would neither cast nor scale. The collective then reads the grad and writes the staging buffer,
-// and the unpack brings the sum back: one pass fewer. *seg walks the segments as the spans advance.
+// and the unpack brings the sum back: one pass fewer. Not when the caller forbade collectives on its
+// grads (inplace_min_numel SIZE_MAX). *seg walks the segments as the spans advance.
 const void* Reducer::direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const {
-  if (r.wire != dtype || pre_ != 1.0) return nullptr;
+  if (r.wire != dtype || pre_ != 1.0 || env_.inplace_min_numel == SIZE_MAX) return nullptr;
   const std::vector<Segment>& segs = r.packed.segs;
   while (*seg < segs.size() && segs[*seg].offset + segs[*seg].numel <= sp.lo) ++*seg;
   if (*seg == segs.size()) return nullptr;
