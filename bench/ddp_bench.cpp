@@ -273,16 +273,17 @@ int bench_bucketing() {
   std::vector<Row> rows;
   const size_t msgs[] = {1000000, 10000000, 25000000};
   ddp_comm_t comm = world_comm();
-  // The copy layout once more with large grads reduced in place (BENCH_INPLACE_NUMEL, default 1M).
+  // The copy layout once more with inplace_min_numel = BENCH_INPLACE_NUMEL (default SIZE_MAX: never
+  // in place, nothing sent from the grads: what the default saves over packing everything).
   const char* env_inplace = std::getenv("BENCH_INPLACE_NUMEL");
-  const size_t inplace = env_inplace ? std::strtoull(env_inplace, nullptr, 10) : 1000000;
+  const size_t inplace = env_inplace ? std::strtoull(env_inplace, nullptr, 10) : SIZE_MAX;
   for (int layout : {int(DDP_LAYOUT_COPY), int(DDP_LAYOUT_ARENA), -1})
     for (size_t msg : msgs) {
       if (layout < 0 && msg != 10000000) continue;
       ddp_config_t cfg = config(layout < 0 ? DDP_LAYOUT_COPY : layout, msg);
       if (layout < 0) cfg.inplace_min_numel = inplace;
       const char* name = layout == DDP_LAYOUT_ARENA ? "arena"
-                         : layout < 0               ? "copy, in place >= BENCH_INPLACE_NUMEL"
+                         : layout < 0               ? "copy, inplace_min_numel = BENCH_INPLACE_NUMEL"
                                                     : "copy";
       Row row{name, msg, 0, make_model(comm, cfg, sizes), {}};
       row.buckets = num_buckets(row.m.ddp);
@@ -362,7 +363,7 @@ int bench_bucketing() {
         if (!std::strcmp(r.layout, l) && r.message_size == msg) return median(r.ms) / floor;
       return 0.0;
     };
-    std::printf("\n(in place: inplace_min_numel = %zu)\n", inplace);
+    std::printf("\n(BENCH_INPLACE_NUMEL: inplace_min_numel = %zu; the other rows use the default)\n", inplace);
     std::printf(
         "\ntargets at the default message_size (10M), over the floor: arena <= 1.10: %.3f %s; copy <= 1.35: %.3f %s\n",
         at("arena", 10000000), at("arena", 10000000) <= 1.10 ? "met" : "MISSED", at("copy", 10000000),
