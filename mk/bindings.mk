@@ -4,8 +4,8 @@ PYTHON_BIN ?= /usr/bin/python3
 JULIA      ?= julia
 BIND_MPIRUN := $(if $(filter 1,$(HAVE_MPI)),$(MPIRUN),)
 
-SUITES += python rust julia
-.PHONY: suite-python suite-rust suite-julia
+SUITES += python rust rust-fresh julia
+.PHONY: suite-python suite-rust suite-rust-fresh suite-julia
 
 suite-python: $(SHARED)
 	$(Q)LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(or $(BIND_MPIRUN),mpirun-missing)" \
@@ -13,6 +13,10 @@ suite-python: $(SHARED)
 
 suite-rust: $(SHARED)
 	$(Q)bindings/rust/run_suite.sh $(abspath $(BUILD)/lib) $(abspath $(BUILD)/rust) "$(BIND_MPIRUN)"
+
+# A fresh tree: the Rust build builds the C library itself (bindings/rust/fresh_build.sh).
+suite-rust-fresh:
+	$(Q)bindings/rust/fresh_build.sh
 
 suite-julia: $(SHARED)
 	$(Q)if command -v $(JULIA) >/dev/null 2>&1; then \

@@ -84,7 +84,7 @@ fuzz-merge: fuzz-build
 # fails (the runtimes abort on the first one, and the logs are searched as well).
 # Suites that load the library into another language's runtime cannot take a sanitized build; the
 # timeline suite's example trainer is linked without $(SAN) (mk/demo.mk), so it cannot either.
-SAN_SKIP ?= python rust julia timeline install
+SAN_SKIP ?= python rust rust-fresh julia timeline install
 # Open MPI unloads its plugins at MPI_Finalize, so what they keep until exit shows up as leaks from
 # "<unknown module>" that no suppression can name: ranks under mpirun check memory errors and UB,
 # not leaks. Leaks are checked by every suite without MPI (fuzz, threads, unit).
