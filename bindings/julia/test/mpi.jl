@@ -1,5 +1,5 @@
 # Under mpirun: every rank reduces Float32 and Float64 arrays and checks them; a mismatch throws on every rank.
-include(joinpath(@__DIR__, "..", "LibDDP.jl"))
+include(joinpath(@__DIR__, "..", "src", "LibDDP.jl"))
 using .LibDDP
 
 comm = Comm(:mpi)

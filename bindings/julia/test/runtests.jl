@@ -1,6 +1,6 @@
 # LibDDP tests on one rank (Comm(:self)); test/mpi.jl runs the multi-rank part under mpirun.
 # Ends with "julia: N passed, N failed, 0 skipped".
-include(joinpath(@__DIR__, "..", "LibDDP.jl"))
+include(joinpath(@__DIR__, "..", "src", "LibDDP.jl"))
 using .LibDDP
 
 const PASSED = Ref(0)

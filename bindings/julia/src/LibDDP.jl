@@ -4,7 +4,8 @@
 Julia bindings for libddp (include/ddp.h) over `ccall`. Handles (`Comm`, `DDP`) carry finalizers and
 can be closed early with `close`; every failing call throws `DDPError(status, message)` with the
 library's message. Grad indices are the library's (0-based). The library is `ENV["LIBDDP_PATH"]`
-(a file or a directory) or `libddp.so.0` on the system search path.
+(a file or a directory), else the one `make` built in the repository holding this package, else
+`libddp.so.0` on the system search path.
 """
 module LibDDP
 
@@ -47,10 +48,13 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
                    :ddp_get_bucket, :ddp_destroy)
 
+# LIBDDP_PATH (a file or a directory) first; then the library `make` built in the repository this
+# package lives in (Pkg.develop(path="bindings/julia")); then the system's search path.
 function libpath()
     p = get(ENV, "LIBDDP_PATH", "")
-    isempty(p) && return "libddp.so.0"
-    return isdir(p) ? joinpath(p, "libddp.so.0") : p
+    isempty(p) || return isdir(p) ? joinpath(p, "libddp.so.0") : p
+    built = normpath(joinpath(@__DIR__, "..", "..", "..", "build", "lib", "libddp.so.0"))
+    return isfile(built) ? built : "libddp.so.0"
 end
 
 function __init__()
