@@ -5,9 +5,14 @@ JULIA      ?= julia
 BIND_MPIRUN := $(if $(filter 1,$(HAVE_MPI)),$(MPIRUN),)
 
 SUITES += python rust rust-fresh julia
-.PHONY: suite-python suite-rust suite-rust-fresh suite-julia
+.PHONY: suite-python suite-python-src suite-rust suite-rust-fresh suite-julia
 
+# The installed package: a wheel in a fresh virtual environment, tested from outside the tree
+# (bindings/python/run_suite.sh). suite-python-src runs the same tests on the sources.
 suite-python: $(SHARED)
+	$(Q)MPIRUN="$(or $(BIND_MPIRUN),mpirun-missing)" bindings/python/run_suite.sh $(PYTHON_BIN) $(abspath $(BUILD))/python
+
+suite-python-src: $(SHARED)
 	$(Q)LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(or $(BIND_MPIRUN),mpirun-missing)" \
 	  $(PYTHON_BIN) bindings/python/tests/run.py
 

@@ -49,6 +49,13 @@ def test_detects_a_new_header_function_and_a_changed_struct():
     assert any("ddp_config_t" in p for p in header_check.check(changed))
 
 
+def _source_env():
+    """A child that tests a copy of the sources (not the installed package), with this library."""
+    env = {k: v for k, v in os.environ.items() if k != "LIBDDP_TEST_INSTALLED"}
+    env["LIBDDP_PATH"] = L.path
+    return env
+
+
 def test_drift_test_fails_on_a_copy_with_a_declaration_removed(tmp_path):
     """Simulates deleting one declaration from the package: this very test file must then fail."""
     pkg = tmp_path / "python"
@@ -66,7 +73,7 @@ def test_drift_test_fails_on_a_copy_with_a_declaration_removed(tmp_path):
     test = tmp_path / "bindings" / "python" / "tests" / "test_header.py"
     p = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test), "-k",
                         "matches_python_layer"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       cwd=str(tmp_path), env=dict(os.environ))
+                       cwd=str(tmp_path), env=_source_env())
     out = p.stdout.decode()
     assert p.returncode != 0, out
     assert "ddp_set_grad_ptr: declared in ddp.h, missing from the Python layer" in out, out

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import libddp  # noqa: E402
 import libddp.torch as ltorch  # noqa: E402
-from conftest import PKG, PYTHON  # noqa: E402
+from conftest import CHILD_PATH, PYTHON  # noqa: E402
 
 
 def make():
@@ -110,7 +110,7 @@ def test_unused_grad_stays_none_through_no_sync_in_the_arena():
 def test_torch_not_imported_by_the_package():
     code = "import sys, libddp; c = libddp.Comm.self(); libddp.DDP(c).close(); print('torch' in sys.modules)"
     out = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, env=dict(__import__("os").environ,
-                         PYTHONPATH=PKG), check=True).stdout.decode().strip()
+                         PYTHONPATH=CHILD_PATH), check=True).stdout.decode().strip()
     assert out == "False"
 
 
