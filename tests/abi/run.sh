@@ -30,7 +30,8 @@ for bin in "$@"; do
   name=$(basename "$bin")
   out=$(timeout 120 "$bin" 2>&1)
   rc=$?
-  echo "$out" | tail -n 40
+  # A sanitizer report starts with what was written where: show the start of a failing run's output.
+  if [ "$rc" -ne 0 ]; then echo "$out" | head -n 60; else echo "$out" | tail -n 40; fi
   line=$(grep -E '^[a-z0-9-]+: [0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
   if [ -z "$line" ]; then fail "$name ended without a summary (exit $rc)"; continue; fi
   p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.* ([0-9]+) failed$/\1/' <<<"$line")
