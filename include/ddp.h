@@ -279,7 +279,12 @@ typedef struct ddp_config {
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
  * sets config->size to `size`: every field that lies wholly within `size` bytes is written, nothing
- * past it. `size` must be at least DDP_CONFIG_V1_SIZE. Use it through ddp_config_init. */
+ * past it (a field partly past `size` is not written either). config->version is set to the newest
+ * version whose fields all lie within `size`: 1 for DDP_CONFIG_V1_SIZE, this library's
+ * DDP_CONFIG_VERSION for its own sizeof(ddp_config_t). A larger size (a newer header's struct) is
+ * accepted: the fields this library knows are written, `version` says which (this library's
+ * DDP_CONFIG_VERSION), and the bytes past them are left as they were. `size` below DDP_CONFIG_V1_SIZE
+ * is DDP_ERR_INVALID_ARGUMENT and nothing is written. Use it through ddp_config_init. */
 DDP_API ddp_status_t ddp_config_init_sized(ddp_config_t* config, size_t size);
 
 /* Fills *config with the defaults. A macro over ddp_config_init_sized with the caller's own
@@ -369,9 +374,11 @@ DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t
 DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
 
 /* Counters since creation. A versioned struct, like ddp_config_t: set `size` to sizeof(ddp_stats_t)
- * first; the library writes the fields that lie wholly within `size`
- * bytes and nothing past them, and leaves `size` as it was. Fields are only ever appended. The smallest
- * accepted size holds `iterations`. */
+ * first; the library writes the fields that lie wholly within `size` bytes (a field partly past
+ * `size` is not written) and nothing past them, and leaves `size` as it was. Fields are only ever
+ * appended. A larger struct (a newer header's) is accepted: the fields this library does not know are
+ * left as they were. The smallest accepted size holds `iterations`; a smaller one is
+ * DDP_ERR_INVALID_ARGUMENT and nothing is written. */
 typedef struct ddp_stats {
   size_t size;
   uint64_t iterations;        /* synced backward passes finished (and ddp_reduce_all calls) */
@@ -391,7 +398,11 @@ typedef struct ddp_stats {
 DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);
 
 /* One bucket of the current plan. A versioned struct, like ddp_stats_t: set `size` to
- * sizeof(ddp_bucket_info_t) first; the library writes the fields within `size` bytes. */
+ * sizeof(ddp_bucket_info_t) first; the library writes the fields that lie wholly within `size` bytes
+ * and nothing past them, and leaves `size` as it was; the fields of a larger struct (a newer header's)
+ * that this library does not know are left as they were. The smallest accepted size holds `dtype`; a
+ * smaller one is DDP_ERR_INVALID_ARGUMENT and nothing is written. (Added in 0.2: 0.1's struct had no
+ * `size`, see CHANGELOG.md.) */
 typedef struct ddp_bucket_info {
   size_t size;       /* sizeof(ddp_bucket_info_t) as compiled by the caller */
   ddp_dtype_t dtype; /* the grads' type */

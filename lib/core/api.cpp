@@ -301,9 +301,7 @@ ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* g
     need(info, "info");
     if (info->size < offsetof(ddp_bucket_info_t, dtype) + sizeof(ddp_dtype_t))
       fail(DDP_ERR_INVALID_ARGUMENT, "info->size is %zu: set it to sizeof(ddp_bucket_info_t)", info->size);
-    ddp_bucket_info_t full;
-    c.bucket_info(bucket, &full, grads, capacity);
-    copy_sized(info, &full, info->size, sizeof full);
+    c.bucket_info(bucket, info, grads, capacity);
   });
 }
 

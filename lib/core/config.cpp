@@ -29,6 +29,7 @@ enum class Kind {
 
 struct Field {
   const char* name;
+  uint32_t version;  // the DDP_CONFIG_VERSION that appended it
   Kind kind;
   size_t offset, bytes;
   double lo, hi;
@@ -38,23 +39,33 @@ struct Field {
 
 constexpr double kMaxCount = 9007199254740992.0;  // 2^53: every count a double holds exactly
 
-#define DDP_CONFIG_ROW_(f, kind, lo, hi, agree, hint) \
-  {#f, Kind::kind, offsetof(ddp_config_t, f), sizeof(ddp_config_t::f), lo, hi, agree, hint},
+#define DDP_CONFIG_ROW_(f, version, kind, lo, hi, agree, hint) \
+  {#f, version, Kind::kind, offsetof(ddp_config_t, f), sizeof(ddp_config_t::f), lo, hi, agree, hint},
 constexpr Field kFields[] = {DDP_CONFIG_FIELDS(DDP_CONFIG_ROW_)};
 #undef DDP_CONFIG_ROW_
+#define DDP_CONFIG_SPAN_(f, ...) DDP_FIELD_SPAN(ddp_config_t, f),
+constexpr FieldSpan kSpans[] = {DDP_CONFIG_FIELDS(DDP_CONFIG_SPAN_)};
+#undef DDP_CONFIG_SPAN_
 constexpr size_t kNumFields = sizeof kFields / sizeof kFields[0];
 
 // The table covers the struct: rows in order, each where the previous one ends (up to alignment),
 // the last one at the struct's end (up to tail padding).
-constexpr bool table_covers_struct() {
-  size_t end = offsetof(ddp_config_t, version) + sizeof(uint32_t);
+static_assert(spans_cover(kSpans, kNumFields, offsetof(ddp_config_t, version) + sizeof(uint32_t), sizeof(ddp_config_t),
+                          alignof(ddp_config_t)),
+              "every field of ddp_config_t needs its row in DDP_CONFIG_FIELDS");
+
+// Versions only grow down the table, from 1 to DDP_CONFIG_VERSION, and version 1 ends where
+// DDP_CONFIG_V1_SIZE says.
+constexpr bool versions_in_order() {
+  uint32_t v = 1;
   for (const Field& f : kFields) {
-    if (f.offset < end || f.offset - end >= f.bytes) return false;
-    end = f.offset + f.bytes;
+    if (f.version != v && f.version != v + 1) return false;
+    if ((f.version == 1) != (f.offset + f.bytes <= DDP_CONFIG_V1_SIZE)) return false;
+    v = f.version;
   }
-  return sizeof(ddp_config_t) - end < alignof(ddp_config_t);
+  return kFields[0].version == 1 && v == DDP_CONFIG_VERSION;
 }
-static_assert(table_covers_struct(), "every field of ddp_config_t needs its row in DDP_CONFIG_FIELDS");
+static_assert(versions_in_order(), "DDP_CONFIG_FIELDS: a field's version is its append's DDP_CONFIG_VERSION");
 
 constexpr int count_agreed() {
   int n = 0;
@@ -148,16 +159,22 @@ void config_defaults(ddp_config_t* config, size_t size) {
   const ddp_config_t& d = defaults();
   config->size = size;
   config->magic = d.magic;
-  config->version = d.version;
+  config->version = config_version_within(size);
   for (const Field& f : kFields)
     if (within(f, size)) copy_field(f, config, &d);
 }
 
-void copy_sized(void* dst, const void* src, size_t dst_size, size_t src_size) {
-  const size_t n = dst_size < src_size ? dst_size : src_size;
-  if (n > sizeof(size_t))
-    std::memcpy(static_cast<char*>(dst) + sizeof(size_t), static_cast<const char*>(src) + sizeof(size_t),
-                n - sizeof(size_t));
+uint32_t config_version_within(size_t size) {
+  for (const Field& f : kFields)
+    if (!within(f, size)) return f.version - 1;
+  return DDP_CONFIG_VERSION;
+}
+
+void copy_fields(void* dst, const void* src, size_t dst_size, const FieldSpan* spans, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (spans[i].offset + spans[i].bytes <= dst_size)
+      std::memcpy(static_cast<char*>(dst) + spans[i].offset, static_cast<const char*>(src) + spans[i].offset,
+                  spans[i].bytes);
 }
 
 AgreedFields agreed_fields(const ddp_config_t& c) {

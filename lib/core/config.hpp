@@ -26,12 +26,37 @@ struct Settings {
 // field. c.stream_comms is left for the shell to resolve (it holds C handles).
 Settings read_config(const ddp_config_t* config);
 
-// Writes the defaults of every field of *config that lies wholly within `size` bytes, and sets size.
+// Writes the defaults of every field of *config that lies wholly within `size` bytes, sets size, and
+// sets version to the newest version whose fields all lie within `size` (see config_version_within).
 void config_defaults(ddp_config_t* config, size_t size);
 
-// Copies the fields after the leading `size_t size` of a sized struct (stats, bucket info) from
-// `src` (the library's, `src_size` bytes) to `dst` (the caller's, `dst_size` bytes): never past either.
-void copy_sized(void* dst, const void* src, size_t dst_size, size_t src_size);
+// The newest ddp_config_t version whose fields all lie within `size` bytes (at least
+// DDP_CONFIG_V1_SIZE): 1 for the first version's size, DDP_CONFIG_VERSION for this library's own
+// size or a larger one.
+uint32_t config_version_within(size_t size);
+
+// Where one field of a versioned struct lies.
+struct FieldSpan {
+  size_t offset, bytes;
+};
+#define DDP_FIELD_SPAN(T, f) \
+  ::ddp::FieldSpan { offsetof(T, f), sizeof(T::f) }
+
+// True when `spans` lists a struct's fields in order from `first` (the end of its leading fields),
+// each where the previous one ends up to alignment, the last one at `struct_size` up to tail padding.
+constexpr bool spans_cover(const FieldSpan* spans, size_t n, size_t first, size_t struct_size, size_t align) {
+  size_t end = first;
+  for (size_t i = 0; i < n; ++i) {
+    if (spans[i].offset < end || spans[i].offset - end >= spans[i].bytes) return false;
+    end = spans[i].offset + spans[i].bytes;
+  }
+  return struct_size - end < align;
+}
+
+// Copies from `src` (the library's struct) into `dst` (the caller's, `dst_size` bytes) each of the
+// `n` fields of `spans` that lies wholly within `dst_size`: a field partly past it is not written,
+// and neither is anything the spans do not name (the caller's leading `size`, padding).
+void copy_fields(void* dst, const void* src, size_t dst_size, const FieldSpan* spans, size_t n);
 
 // The fields ranks must agree on, in table order, each as 8 raw bytes: fixed size, so one allgather
 // compares them.

@@ -5,6 +5,34 @@
 
 namespace ddp {
 
+namespace {
+
+// The fields after the leading `size` of the sized structs written out to callers: each is written only
+// when it lies wholly within the caller's size, so no caller's struct is written past its end.
+#define DDP_STATS_SPAN_(f) DDP_FIELD_SPAN(ddp_stats_t, f)
+constexpr FieldSpan kStatsSpans[] = {
+    DDP_STATS_SPAN_(iterations),    DDP_STATS_SPAN_(buckets_reduced), DDP_STATS_SPAN_(bytes_reduced),
+    DDP_STATS_SPAN_(comm_time_ns),  DDP_STATS_SPAN_(exposed_time_ns), DDP_STATS_SPAN_(last_exposed_ns),
+    DDP_STATS_SPAN_(library_bytes), DDP_STATS_SPAN_(arena_bytes),     DDP_STATS_SPAN_(nonfinite_buckets),
+    DDP_STATS_SPAN_(layout_epoch),  DDP_STATS_SPAN_(world_size),      DDP_STATS_SPAN_(rank),
+};
+#undef DDP_STATS_SPAN_
+#define DDP_BUCKET_SPAN_(f) DDP_FIELD_SPAN(ddp_bucket_info_t, f)
+constexpr FieldSpan kBucketSpans[] = {
+    DDP_BUCKET_SPAN_(dtype),     DDP_BUCKET_SPAN_(wire),   DDP_BUCKET_SPAN_(numel),
+    DDP_BUCKET_SPAN_(num_grads), DDP_BUCKET_SPAN_(stream),
+};
+#undef DDP_BUCKET_SPAN_
+constexpr size_t kNumStats = sizeof kStatsSpans / sizeof kStatsSpans[0];
+constexpr size_t kNumBucket = sizeof kBucketSpans / sizeof kBucketSpans[0];
+static_assert(spans_cover(kStatsSpans, kNumStats, sizeof(size_t), sizeof(ddp_stats_t), alignof(ddp_stats_t)),
+              "every field of ddp_stats_t needs its span in kStatsSpans");
+static_assert(spans_cover(kBucketSpans, kNumBucket, sizeof(size_t), sizeof(ddp_bucket_info_t),
+                          alignof(ddp_bucket_info_t)),
+              "every field of ddp_bucket_info_t needs its span in kBucketSpans");
+
+}  // namespace
+
 void Context::stats(ddp_stats_t* out) {
   std::lock_guard<std::mutex> lock(mu_);
   ddp_stats_t s;
@@ -22,7 +50,7 @@ void Context::stats(ddp_stats_t* out) {
   s.layout_epoch = layout_epoch_;
   s.world_size = world_;
   s.rank = rank_;
-  copy_sized(out, &s, out->size, sizeof s);
+  copy_fields(out, &s, out->size, kStatsSpans, kNumStats);
 }
 
 // The plan getters close registration (collective), and still answer after an abort if a plan exists.
@@ -46,11 +74,14 @@ void Context::bucket_info(int bucket, ddp_bucket_info_t* info, int* grads, size_
     fail(DDP_ERR_INVALID_ARGUMENT, "bucket %d out of range (%zu buckets)", bucket, p.buckets.size());
   if (capacity > 0 && !grads) fail(DDP_ERR_INVALID_ARGUMENT, "grads is NULL but capacity is %zu", capacity);
   const Bucket& b = p.buckets[static_cast<size_t>(bucket)];
-  info->dtype = static_cast<ddp_dtype_t>(b.dtype);
-  info->wire = static_cast<ddp_dtype_t>(reducer_->wire(bucket));
-  info->numel = b.numel;
-  info->num_grads = static_cast<int>(b.grads.size());
-  info->stream = b.stream;
+  ddp_bucket_info_t full;
+  std::memset(&full, 0, sizeof full);
+  full.dtype = static_cast<ddp_dtype_t>(b.dtype);
+  full.wire = static_cast<ddp_dtype_t>(reducer_->wire(bucket));
+  full.numel = b.numel;
+  full.num_grads = static_cast<int>(b.grads.size());
+  full.stream = b.stream;
+  copy_fields(info, &full, info->size, kBucketSpans, kNumBucket);
   for (size_t i = 0; i < capacity && i < b.grads.size(); ++i) grads[i] = b.grads[i];
 }
 

@@ -87,17 +87,21 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int device);
   ~CudaDevice() override;
+  // Device memory, and CUDA streams of this device.
   Memory memory() const override { return Memory::Device; }
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::unique_ptr<Stream> make_stream(int index) override;
+  // Ordering with the user's stream: CUDA events, no host wait.
   void stream_wait_user(Stream& s, void* user_stream) override;
   void user_wait_stream(void* user_stream, Stream& s) override;
+  // Element work, enqueued on `s`: a batched copy or one multi-tensor launch, over whole buckets only.
   void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
   void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream& s) override;
   void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
   void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
+  // Finiteness flags live on the device: scans are kernels; take_nonfinite copies a flag back and waits.
   void reserve_flags(size_t slots) override;
   void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) override;
   bool take_nonfinite(size_t slot, Stream& s) override;

@@ -17,21 +17,26 @@ struct WorkerState;
 class HostDevice final : public Device {
  public:
   HostDevice();
+  // Host memory (buffers a written-off worker may still write are kept until exit), worker streams.
   Memory memory() const override { return Memory::Host; }
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void release(void* p) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::unique_ptr<Stream> make_stream(int index) override;
+  // Grads are final when marked ready: nothing to order with the user's stream.
   void stream_wait_user(Stream&, void*) override {}
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream& s) override;
-  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream& s) override;
-  void scale(void* buf, size_t n, Dtype d, double scale, Stream& s) override;
-  void fill_zero(void* buf, size_t n, Dtype d, Stream& s) override;
+  // Element work, done now by the calling thread (a stream's worker when a bucket runs): no stream
+  // argument is used.
+  void pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream&) override;
+  void unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream&) override;
+  void scale(void* buf, size_t n, Dtype d, double scale, Stream&) override;
+  void fill_zero(void* buf, size_t n, Dtype d, Stream&) override;
+  // Finiteness flags: one atomic per slot, set by the scan, read and cleared by take_nonfinite.
   void reserve_flags(size_t slots) override;
-  void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) override;
-  bool take_nonfinite(size_t slot, Stream& s) override;
+  void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream&) override;
+  bool take_nonfinite(size_t slot, Stream&) override;
 
  private:
   // Set by a stream of this device that wrote off a worker blocked in a collective.

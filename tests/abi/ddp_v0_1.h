@@ -1,0 +1,360 @@
+/* tests/abi: the public header of libddp 0.1.0, frozen verbatim (git show 46efabc:include/ddp.h). */
+/*
+ * libddp: data-parallel gradient reduction for any trainer, behind a C ABI.
+ *
+ * A trainer registers its gradient buffers once, then in every iteration
+ *   ddp_begin_backward -> ddp_grad_ready (once per grad, any order) -> ddp_finish_backward
+ * and libddp groups the grads into buckets, reduces each bucket across ranks while the backward pass
+ * is still running (NCCL for device memory, MPI for host memory), scales the result (average,
+ * pre-divide) and leaves the reduced values in the grads.
+ *
+ * Conventions of this header
+ * - Every function returns a ddp_status_t; results go through out-pointers, which are written only on
+ *   success. On failure ddp_last_error() holds a message for the calling thread.
+ * - Handles are opaque. Destroy functions accept NULL.
+ * - Streams (cudaStream_t) and foreign communicators (MPI_Comm*, ncclComm_t) cross as void*: this
+ *   header includes no CUDA, NCCL or MPI header and compiles as C99 and as C++.
+ * - "Collective" means every rank of the communicator must make the same call, in the same order
+ *   relative to the other collective calls of the same context.
+ * - After a fatal error (a timeout, a failed collective) a context answers DDP_ERR_ABORTED to every
+ *   further call except ddp_destroy, ddp_get_stats and the plan getters.
+ */
+#ifndef DDP_H_
+#define DDP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_PATCH 0
+/* One integer that orders versions: 10000*major + 100*minor + patch. */
+#define DDP_VERSION_CODE (DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define DDP_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define DDP_API __attribute__((visibility("default")))
+#else
+#define DDP_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------------
+ * Status codes. Values are explicit and never renumbered; new codes are added before the count.
+ * X(name, value, fixed text)
+ * --------------------------------------------------------------------------------------------- */
+#define DDP_STATUS_MAP(X)                                                                  \
+  X(DDP_SUCCESS, 0, "success")                                                             \
+  X(DDP_ERR_INVALID_ARGUMENT, 1, "invalid argument")                                       \
+  X(DDP_ERR_INVALID_STATE, 2, "call not valid in the current state")                       \
+  X(DDP_ERR_MISMATCH, 3, "ranks disagree")                                                 \
+  X(DDP_ERR_OUT_OF_MEMORY, 4, "out of memory")                                             \
+  X(DDP_ERR_UNSUPPORTED, 5, "not supported by this build or backend")                      \
+  X(DDP_ERR_CUDA, 6, "CUDA error")                                                         \
+  X(DDP_ERR_NCCL, 7, "NCCL error")                                                         \
+  X(DDP_ERR_MPI, 8, "MPI error")                                                           \
+  X(DDP_ERR_TIMEOUT, 9, "timed out waiting for other ranks")                               \
+  X(DDP_ERR_ABORTED, 10, "context aborted after an earlier fatal error")                   \
+  X(DDP_ERR_INTERNAL, 11, "internal error")
+
+typedef enum ddp_status {
+#define DDP_STATUS_ENUM_(name, value, text) name = value,
+  DDP_STATUS_MAP(DDP_STATUS_ENUM_)
+#undef DDP_STATUS_ENUM_
+  DDP_STATUS_COUNT
+} ddp_status_t;
+
+/* Element types of gradients. */
+typedef enum ddp_dtype {
+  DDP_F16 = 0,  /* IEEE binary16 */
+  DDP_BF16 = 1, /* bfloat16 */
+  DDP_F32 = 2,
+  DDP_F64 = 3,
+  DDP_DTYPE_COUNT
+} ddp_dtype_t;
+
+/* Where a grad's storage lives. */
+typedef enum ddp_layout {
+  /* The user owns every grad; each bucket is packed into a library buffer, reduced and unpacked back
+   * (one pass each way, scaling folded in). Grad pointers may change between iterations. */
+  DDP_LAYOUT_COPY = 0,
+  /* The library owns one contiguous buffer per bucket and every grad is a view into it (apex
+   * retain_allreduce_buffers, torch gradient_as_bucket_view): zero copies. ddp_grad_ptr says where. */
+  DDP_LAYOUT_ARENA = 1
+} ddp_layout_t;
+
+/* How buckets are built. */
+typedef enum ddp_plan_order {
+  /* apex: the first synced backward records the order in which grads become ready and reduces
+   * everything at its end; rank 0's buckets are then adopted by every rank. */
+  DDP_PLAN_LEARNED = 0,
+  /* Buckets follow reverse registration order and are known before the first backward, so the
+   * first iteration overlaps too. */
+  DDP_PLAN_REGISTRATION = 1
+} ddp_plan_order_t;
+
+/* What ddp_finish_backward does with grads that never became ready in a synced iteration. */
+typedef enum ddp_unused_policy {
+  /* Reduce them as zeros (so no rank hangs), then return DDP_ERR_INVALID_STATE on every rank,
+   * naming the grads and the ranks. */
+  DDP_UNUSED_ERROR = 0,
+  /* Treat them as zeros and reduce them (torch find_unused_parameters). Success. */
+  DDP_UNUSED_ZERO = 1
+} ddp_unused_policy_t;
+
+/* Flags of ddp_register_grad. */
+#define DDP_GRAD_TRIGGER 1u /* apex allreduce_trigger_params: this grad closes its bucket */
+
+/* ------------------------------------------------------------------------------------------------
+ * Errors
+ * --------------------------------------------------------------------------------------------- */
+
+/* The fixed text of a status ("success", "invalid argument", ...). Never NULL; an unknown value gives
+ * "unknown status". Thread-safe. */
+DDP_API const char* ddp_status_string(ddp_status_t status);
+
+/* The detailed message of the last failed call made by the calling thread ("" if none). The pointer
+ * stays valid until this thread's next failing libddp call. Thread-safe (one buffer per thread). */
+DDP_API const char* ddp_last_error(void);
+
+/* The library's version, as DDP_VERSION_CODE; compare with the header's to catch a stale library. */
+DDP_API int ddp_version(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Communicators
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct ddp_comm* ddp_comm_t;           /* a communicator over a set of ranks */
+typedef struct ddp_local_group* ddp_local_group_t; /* in-process ranks (threads), for tests */
+typedef struct ddp_nccl_id {
+  char bytes[128]; /* opaque, the same as ncclUniqueId */
+} ddp_nccl_id_t;
+
+/* Host-memory communicator over MPI. `mpi_comm` is the address of an MPI_Comm (pass &comm) or NULL
+ * for MPI_COMM_WORLD; libddp duplicates it, so the caller's communicator is never used by the
+ * library. If MPI is not initialized, libddp initializes it with MPI_THREAD_MULTIPLE and finalizes it
+ * at process exit; if it is, the thread level must be MPI_THREAD_MULTIPLE (DDP_ERR_UNSUPPORTED
+ * otherwise). Collective over the MPI communicator. DDP_ERR_UNSUPPORTED in a build without MPI. */
+DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
+
+/* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process
+ * runs, tests and fuzzing. */
+DDP_API ddp_status_t ddp_comm_init_self(ddp_comm_t* comm);
+
+/* A group of `nranks` in-process ranks that communicate through shared memory: each of `nranks`
+ * threads calls ddp_comm_init_local with its own rank. For tests of multi-rank behaviour inside one
+ * process. The group may be destroyed once every comm made from it is destroyed (destroying it earlier
+ * is deferred until then). ddp_local_group_destroy accepts NULL. */
+DDP_API ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* group);
+DDP_API ddp_status_t ddp_comm_init_local(ddp_local_group_t group, int rank, ddp_comm_t* comm);
+DDP_API ddp_status_t ddp_local_group_destroy(ddp_local_group_t group);
+
+/* NCCL: a new unique id, made on one rank and sent to the others by the caller. */
+DDP_API ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id);
+/* Device-memory communicator over NCCL for rank `rank` of `nranks`, on CUDA device `cuda_device`.
+ * Collective. DDP_ERR_UNSUPPORTED in a build without CUDA; DDP_ERR_CUDA when no device is usable. */
+DDP_API ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank,
+                                        int cuda_device, ddp_comm_t* comm);
+/* As ddp_comm_init_nccl, with the id made on rank 0 of `mpi_comm` (an MPI_Comm*, NULL for world) and
+ * broadcast over it. Collective over the MPI communicator. */
+DDP_API ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* comm);
+/* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
+ * destroys it; it must outlive every context made over the returned comm. */
+DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);
+
+DDP_API ddp_status_t ddp_comm_rank(ddp_comm_t comm, int* rank);
+DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
+/* Destroys a communicator. Contexts made over it hold their own duplicates and stay valid.
+ * Accepts NULL. */
+DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
+
+/* ------------------------------------------------------------------------------------------------
+ * Configuration: a versioned struct, filled by DDP_CONFIG_INITIALIZER or ddp_config_init. Fields are
+ * only ever appended; the library reads min(size, its own sizeof) bytes and checks the magic.
+ * --------------------------------------------------------------------------------------------- */
+
+#define DDP_CONFIG_MAGIC 0xDD9C0F16u
+#define DDP_CONFIG_VERSION 1u
+
+typedef struct ddp_config {
+  size_t size;      /* sizeof(ddp_config_t) as compiled by the caller */
+  uint32_t magic;   /* DDP_CONFIG_MAGIC */
+  uint32_t version; /* DDP_CONFIG_VERSION */
+
+  /* apex message_size: a bucket closes when it holds at least this many elements. Default 10,000,000.
+   * Ignored when any grad is registered with DDP_GRAD_TRIGGER (as in apex). */
+  size_t message_size;
+  /* apex delay_allreduce: launch nothing during backward; reduce every bucket in ddp_finish_backward. */
+  int delay_allreduce;
+  /* ddp_layout_t. DDP_LAYOUT_ARENA is apex retain_allreduce_buffers. */
+  int layout;
+  /* ddp_plan_order_t. */
+  int plan_order;
+  /* apex allreduce_always_fp32: 16-bit buckets travel as fp32 (cast fused with scaling). On host
+   * memory 16-bit buckets always travel as fp32, since MPI has no 16-bit arithmetic. */
+  int allreduce_always_fp32;
+  /* apex gradient_average: after the sum, multiply by predivide/world. Default 1. */
+  int gradient_average;
+  /* apex gradient_predivide_factor: multiply by 1/f before the sum. Default 1.0; must be > 0. */
+  double gradient_predivide_factor;
+  /* apex num_allreduce_streams: bucket i is reduced on stream/communicator i % num_streams. 1..64. */
+  int num_streams;
+  /* apex allreduce_communicators: NULL, or num_streams communicators to use for the buckets instead of
+   * duplicates of the context's communicator. Borrowed: they must outlive the context. */
+  const ddp_comm_t* stream_comms;
+  /* A collective that does not complete within this many milliseconds fails with DDP_ERR_TIMEOUT and
+   * aborts the context. Default 300000 (5 minutes); 0 waits forever. */
+  int64_t timeout_ms;
+  /* ddp_unused_policy_t. */
+  int unused_policy;
+  /* If not NULL, each rank writes a Chrome trace of bucket events to this path, with ".rank<N>"
+   * inserted before the extension. The environment variable DDP_TIMELINE does the same. Copied. */
+  const char* timeline_path;
+  /* If set, every reduced bucket is scanned for NaN/Inf; ddp_stats_t.nonfinite_buckets counts them.
+   * Values are never changed. */
+  int check_finite;
+  /* Copy layout only: an f32/f64 grad of at least this many elements is reduced in place as its own
+   * collective instead of being packed. 0 (default) never does this. */
+  size_t inplace_min_numel;
+} ddp_config_t;
+
+#define DDP_CONFIG_INITIALIZER                                                                 \
+  {                                                                                            \
+    sizeof(ddp_config_t), DDP_CONFIG_MAGIC, DDP_CONFIG_VERSION, 10000000u, 0, DDP_LAYOUT_COPY, \
+        DDP_PLAN_LEARNED, 0, 1, 1.0, 1, NULL, 300000, DDP_UNUSED_ERROR, NULL, 0, 0             \
+  }
+
+/* Fills *config with the defaults (the same as DDP_CONFIG_INITIALIZER). */
+DDP_API ddp_status_t ddp_config_init(ddp_config_t* config);
+
+/* ------------------------------------------------------------------------------------------------
+ * The context
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct ddp_context* ddp_t;
+
+/* Makes a context over `comm` (duplicated: the comm may be destroyed afterwards). `config` NULL means
+ * the defaults. The config is validated here; agreement across ranks is checked when registration
+ * closes (see ddp_commit). Collective. */
+DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp_t* ddp);
+
+/* Registers one gradient of `numel` (>= 1) elements of `dtype`; *index receives its index (0, 1, ...
+ * in registration order). Every rank must register the same grads (numel, dtype, flags) in the same
+ * order. Copy layout: `grad` is the user's buffer (host memory for an MPI comm, device memory for
+ * NCCL); it may be changed later with ddp_set_grad_ptr or ddp_grad_ready_ptr. Arena layout: `grad`
+ * must be NULL; the library allocates the storage (zeroed) when registration closes, see ddp_grad_ptr.
+ * Only before registration closes. Not thread-safe with other calls on the same context. */
+DDP_API ddp_status_t ddp_register_grad(ddp_t ddp, void* grad, size_t numel, ddp_dtype_t dtype,
+                                       unsigned flags, int* index);
+
+/* Closes registration: checks that every rank registered the same grads with the same config
+ * (DDP_ERR_MISMATCH on every rank otherwise, naming the first difference), builds the first plan and
+ * allocates buffers. Collective. Optional: ddp_grad_ptr, ddp_begin_backward, ddp_reduce_all and
+ * ddp_get_plan close registration implicitly, so their first call on each rank is collective too.
+ * Calling it again is a no-op. */
+DDP_API ddp_status_t ddp_commit(ddp_t ddp);
+
+/* Where grad `index` lives. Arena layout: the view into the library's buffer (closing registration if
+ * open). In the arena layout with the learned plan, the storage moves once, at the end of the first
+ * synced backward (values kept): call again after it; ddp_stats_t.layout_epoch counts such moves.
+ * Copy layout: the user's current pointer. */
+DDP_API ddp_status_t ddp_grad_ptr(ddp_t ddp, int index, void** grad);
+
+/* Copy layout: grad `index` now lives at `grad` (PyTorch's set_to_none allocates new grads every step).
+ * Allowed outside backward, or inside before the grad is marked ready. DDP_ERR_INVALID_STATE in the
+ * arena layout. */
+DDP_API ddp_status_t ddp_set_grad_ptr(ddp_t ddp, int index, void* grad);
+
+/* Starts an iteration's backward pass (apex's forward() bookkeeping). `stream` is where grads are
+ * produced (a cudaStream_t for NCCL, ignored for host memory). Closes registration if open. */
+DDP_API ddp_status_t ddp_begin_backward(ddp_t ddp, void* stream);
+
+/* The hook: grad `index` holds its final value for this iteration. O(1); takes a lock, allocates
+ * nothing. When this completes the next bucket in plan order (and possibly more after it), those
+ * buckets are launched: on host memory handed to the bucket's worker thread, on GPUs enqueued behind
+ * `stream` of ddp_begin_backward. The grad must not be written again until ddp_finish_backward.
+ * Thread-safe: several threads may mark different grads at once (as autograd engines do), and the
+ * results are bitwise those of marking them from one thread, in any order: buckets always launch in
+ * plan order. Marking a grad twice in one iteration is DDP_ERR_INVALID_STATE. With sync disabled
+ * (ddp_set_sync) it only records the mark. */
+DDP_API ddp_status_t ddp_grad_ready(ddp_t ddp, int index);
+
+/* ddp_grad_ready with the grad's storage for this iteration (copy layout; NULL keeps the pointer). */
+DDP_API ddp_status_t ddp_grad_ready_ptr(ddp_t ddp, int index, void* grad);
+
+/* Ends the backward pass. Launches whatever is left (grads never marked ready are handled by the
+ * unused policy), then waits: host memory returns when every grad holds its reduced value; on GPUs
+ * `stream` is made to wait on every bucket (no host sync) and the grads are final in stream order.
+ * Errors of any bucket (timeouts, failed collectives) surface here. Collective (when sync is on). */
+DDP_API ddp_status_t ddp_finish_backward(ddp_t ddp, void* stream);
+
+/* Turns reduction on (1) or off (0) for the following iterations (apex enable/disable_allreduce,
+ * torch no_sync): with it off, backward passes only accumulate locally. Not inside a backward pass.
+ * Every rank must use the same setting in each iteration. */
+DDP_API ddp_status_t ddp_set_sync(ddp_t ddp, int enabled);
+
+/* apex Reducer.reduce(): reduces every registered grad now, outside a backward pass, with the same
+ * bucketing and scaling, and waits as ddp_finish_backward does. Collective. */
+DDP_API ddp_status_t ddp_reduce_all(ddp_t ddp, void* stream);
+
+/* Broadcasts `n` buffers from `root` to every rank (parameter sync at start-up, as apex does at
+ * construction). buffers[i] holds counts[i] elements of dtypes[i], in the comm's memory kind. Uses its
+ * own channel, so it may be called before or after registration closes. Blocks until done (host) or
+ * until enqueued on `stream` (GPU). Collective. */
+DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t* counts,
+                                   const ddp_dtype_t* dtypes, int n, int root, void* stream);
+
+/* Waits on the host until all work the library enqueued has finished. */
+DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
+
+/* Counters since creation. A versioned struct: set `size` to sizeof(ddp_stats_t) first; the library
+ * writes min(size, its own sizeof) bytes. */
+typedef struct ddp_stats {
+  size_t size;
+  uint64_t iterations;        /* synced backward passes finished (and ddp_reduce_all calls) */
+  uint64_t buckets_reduced;   /* bucket collectives completed */
+  uint64_t bytes_reduced;     /* bytes given to collectives (wire type) */
+  uint64_t comm_time_ns;      /* summed over buckets: launch to completion */
+  uint64_t exposed_time_ns;   /* summed over iterations: time ddp_finish_backward waited */
+  uint64_t last_exposed_ns;   /* that time in the last iteration */
+  uint64_t library_bytes;     /* memory held by the library beyond user-owned grads (arena included) */
+  uint64_t arena_bytes;       /* of which grad storage in the arena layout */
+  uint64_t nonfinite_buckets; /* with check_finite: buckets that held NaN or Inf after reduction */
+  uint64_t layout_epoch;      /* times arena storage moved (see ddp_grad_ptr) */
+  int world_size;
+  int rank;
+} ddp_stats_t;
+
+DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);
+
+/* One bucket of the current plan. */
+typedef struct ddp_bucket_info {
+  ddp_dtype_t dtype;  /* the grads' type */
+  ddp_dtype_t wire;   /* the type the collective sums in */
+  size_t numel;       /* elements in the bucket */
+  int num_grads;      /* grads in the bucket */
+  int stream;         /* the stream/communicator it goes to */
+} ddp_bucket_info_t;
+
+/* Number of buckets in the current plan (closing registration if open). *learned is 1 once the plan
+ * was learned from a backward pass, 0 for the registration plan (may be NULL). */
+DDP_API ddp_status_t ddp_get_plan(ddp_t ddp, int* num_buckets, int* learned);
+
+/* Bucket `bucket` of the current plan, and up to `capacity` of its grad indices, in bucket order,
+ * into `grads` (may be NULL with capacity 0). */
+DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* info, int* grads,
+                                    size_t capacity);
+
+/* Destroys the context: waits for its work (bounded by timeout_ms), frees its buffers (arena views
+ * become invalid) and its communicator duplicates. Accepts NULL. Not collective. */
+DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DDP_H_ */
