@@ -114,20 +114,27 @@ def report(out):
     print(f"time from the last grad ready to all grads reduced (tail); median of {REPS}, slowest rank. 'as fast as "
           "written': each grad written once then marked ready; 'paced to torch': the same, with busy CPU work so that the "
           "last grad is ready as late as in torch's backward\n")
-    print("| libddp run | backward to last ready ms | tail ms | PyTorch run | backward to last ready ms | tail ms | ours over theirs (tail) |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+    print("| libddp run | backward to last ready ms | tail ms | whole backward ms | PyTorch run | backward to last ready ms "
+          "| tail ms | whole backward ms | ours over theirs (tail) | ours over theirs (whole) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     table = []
     for r in ours["runs"]:
         tname = "torch DDP" if r["layout"] == "copy" else "torch DDP gradient_as_bucket_view"
         t = runs[tname]
         a, b = med(r["tail_ms"]), med(t["tail_ms"])
+        wa, wb = med(r["step_ms"]), med(t["step_ms"])
         label = f"{r['layout']}, " + ("paced to torch" if r["pace_ms"] > 0 else "as fast as written")
-        print(f"| {label} | {med(r['ready_ms']):.0f} | {a:.1f} | {tname} | {t['ready_ms']:.0f} | {b:.1f} | {a / b:.3f} |")
+        print(f"| {label} | {med(r['ready_ms']):.0f} | {a:.1f} | {wa:.1f} | {tname} | {t['ready_ms']:.0f} | {b:.1f} | "
+              f"{wb:.1f} | {a / b:.3f} | {wa / wb:.3f} |")
         table.append({"libddp": label, "torch": tname, "ours_tail_ms": a, "theirs_tail_ms": b, "ratio": a / b,
+                      "ours_whole_ms": wa, "theirs_whole_ms": wb, "whole_ratio": wa / wb,
                       "ours_ready_ms": med(r["ready_ms"]), "theirs_ready_ms": t["ready_ms"]})
     paced = [t["ratio"] for t in table if "paced" in t["libddp"]] or [t["ratio"] for t in table]
-    worst = max(paced)
-    print(f"\ntarget: at or below PyTorch DDP (paced runs): worst ratio {worst:.3f} {'met' if worst <= 1.0 else 'MISSED'}")
+    fast = [t["whole_ratio"] for t in table if "paced" not in t["libddp"]] or [t["whole_ratio"] for t in table]
+    worst, worst_whole = max(paced), max(fast)
+    print(f"\ntargets against PyTorch DDP: paced, tail <= 0.80x torch's: worst {worst:.3f} "
+          f"{'met' if worst <= 0.80 else 'MISSED'}; as fast as written, whole backward <= torch's: worst "
+          f"{worst_whole:.3f} {'met' if worst_whole <= 1.0 else 'MISSED'}")
     with open(os.path.join(out, "pytorch.json"), "w") as f:
         json.dump({"bench": "pytorch", "torch": theirs, "libddp": ours, "table": table}, f, indent=1)
 

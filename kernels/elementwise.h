@@ -114,6 +114,15 @@ DDP_HD typename Dst::storage scaled_cast(typename Src::storage in, double scale,
   return Dst::store(static_cast<typename Dst::math>(v));
 }
 
+// out = T((a + b) * scale): the sum of two partial sums, then (unless `unit`) the averaging factor,
+// each rounded in T's math type: bit for bit a sum followed by a separate scaling pass.
+template <class T>
+DDP_HD typename T::storage sum_scaled(typename T::storage a, typename T::storage b, typename T::math scale, bool unit) {
+  typename T::math v = T::load(a) + T::load(b);
+  if (!unit) v *= scale;
+  return T::store(v);
+}
+
 template <class T>
 DDP_HD bool is_nonfinite(typename T::storage v) {
   typename T::math m = T::load(v);

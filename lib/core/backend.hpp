@@ -109,8 +109,10 @@ class Device {
 };
 
 // The reductions a collective can fuse. PreMulSum multiplies every input by `factor` before summing
-// (NCCL's ncclRedOpCreatePreMulSum); Avg divides the sum by the world size (ncclAvg).
-enum class RedOp { Sum, Avg, PreMulSum };
+// (NCCL's ncclRedOpCreatePreMulSum); Avg divides the sum by the world size (ncclAvg); SumScaled
+// multiplies the sum by `factor` (the host ring folds it into the pass that adds the last
+// contribution, so the averaging costs no pass of its own).
+enum class RedOp { Sum, Avg, PreMulSum, SumScaled };
 struct Reduction {
   RedOp op = RedOp::Sum;
   double factor = 1.0;
@@ -152,6 +154,10 @@ class Comm {
   // The control path: small synchronous collectives on host memory (agreement, plan broadcast).
   virtual void allgather_host(const void* in, void* out, size_t bytes_per_rank, Deadline dl) = 0;
   virtual void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) = 0;
+
+  // Memory the communicator holds for its collectives (the host ring's receive buffer), counted in
+  // ddp_stats_t.library_bytes. Read from any thread.
+  virtual size_t buffer_bytes() const { return 0; }
 
   // Gives up on every outstanding collective after a fatal error (ncclCommAbort). After it, the
   // communicator is unusable.

@@ -45,6 +45,7 @@ void Context::stats(ddp_stats_t* out) {
   s.exposed_time_ns = exposed_ns_;
   s.last_exposed_ns = last_exposed_ns_;
   s.library_bytes = reducer_ ? reducer_->buffer_bytes() : 0;
+  for (const Comm* c : comms_) s.library_bytes += c->buffer_bytes();
   s.arena_bytes = reducer_ ? reducer_->arena_bytes() : 0;
   s.nonfinite_buckets = counters_.nonfinite_buckets.load();
   s.layout_epoch = layout_epoch_;

@@ -46,7 +46,8 @@ void Reducer::BucketTask::run() {
 
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
   // Scaling (apex): multiply by 1/f before the sum, by f/world after it (or not at all without
-  // averaging). Fuse into the collective where the engine can: ncclAvg, or a pre-multiplied sum.
+  // averaging). Fuse into the collective where the engine can: ncclAvg, a pre-multiplied sum, or a
+  // sum the engine scales itself (the host ring).
   const Comm& c = *env_.comms.at(0);
   pre_ = 1.0 / env_.predivide;
   post_ = env_.average ? env_.predivide / env_.world : 1.0;
@@ -56,6 +57,9 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
   } else if (pre_ != 1.0 && c.supports(RedOp::PreMulSum)) {
     red_ = Reduction{RedOp::PreMulSum, pre_};
     pre_ = 1.0;
+  } else if (post_ != 1.0 && c.supports(RedOp::SumScaled)) {
+    red_ = Reduction{RedOp::SumScaled, post_};
+    post_ = 1.0;
   }
   // Grouping interleaves several buckets' phases on this thread: streams that run tasks inline only.
   can_group_ = c.can_group() && !env_.streams.empty() && env_.streams[0]->runs_inline();

@@ -34,7 +34,8 @@ struct ReducerEnv {
   bool average = true;
   double predivide = 1.0;
   bool check_finite = false;
-  size_t inplace_min_numel = 0;  // copy layout: grads at least this big are reduced in place (0: never)
+  size_t inplace_min_numel = 0;  // copy layout: grads at least this big are reduced in place (0: the
+                                 // library's choice: one piece on host comms, never on GPUs)
   size_t piece_bytes = 0;        // host comms: bytes per collective piece (0: the comm's choice)
   int64_t timeout_ms = 0;
   Counters* counters = nullptr;

@@ -212,7 +212,8 @@ int run_fault(Fault fault, const char* name) {
 // ---------------------------------------------------------------------------------------------
 // A worker blocked for good in a dead peer's collective: finish returns at the deadline, destroy at
 // once, and the process leaves through exit() (static destructors, atexit) with the worker still in
-// MPI_Allreduce. One grad of 8M f32: the survivor's worker is inside the collective when the peer dies.
+// the collective (the host ring's exchange with the dead peer). One grad of 8M f32: the survivor's worker is inside the
+// collective when the peer dies.
 // ---------------------------------------------------------------------------------------------
 
 int threads_now() {

@@ -39,13 +39,15 @@ struct Case {
   bool triggers;
   size_t inplace;
   bool unused_zero;
-  size_t piece;  // host_piece_bytes (0: the library's choice)
+  size_t piece;      // host_piece_bytes (0: the library's choice)
+  bool big = false;  // grads of up to 400k elements: pieces large enough for the host ring
   std::string name() const {
     char b[256];
     std::snprintf(b, sizeof b,
-                  "layout=%s plan=%s streams=%d delay=%d avg=%d fp32=%d pre=%g trig=%d inplace=%zu zero=%d piece=%zu",
+                  "layout=%s plan=%s streams=%d delay=%d avg=%d fp32=%d pre=%g trig=%d inplace=%zu zero=%d "
+                  "piece=%zu%s",
                   layout ? "arena" : "copy", plan ? "reg" : "learned", streams, delay, average, fp32, predivide,
-                  triggers ? 1 : 0, inplace, unused_zero ? 1 : 0, piece);
+                  triggers ? 1 : 0, inplace, unused_zero ? 1 : 0, piece, big ? " big" : "");
     return b;
   }
 };
@@ -102,15 +104,16 @@ bool verify(const Grad& g, const void* p, uint64_t seed, int it, int gi, double 
 bool run_case(const Case& c, uint64_t seed, std::string* why) {
   std::mt19937_64 shared(seed);                                         // the same on every rank: registration
   std::mt19937_64 mine(seed * 31 + static_cast<uint64_t>(g_rank) + 1);  // this rank's arrival orders
-  const int ngrads = 1 + static_cast<int>(shared() % 24);
+  const int ngrads = 1 + static_cast<int>(shared() % (c.big ? 10 : 24));
   std::vector<Grad> grads(static_cast<size_t>(ngrads));
   for (Grad& g : grads) {
-    g.numel = 1 + shared() % ((shared() % 4 == 0) ? 20000 : 700);
+    const bool large = shared() % (c.big ? 2 : 4) == 0;
+    g.numel = 1 + shared() % (large ? (c.big ? 400000 : 20000) : 700);
     g.dtype = static_cast<ddp_dtype_t>(shared() % 4);
     g.flags = (c.triggers && shared() % 3 == 0) ? DDP_GRAD_TRIGGER : 0u;
   }
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
-  cfg.message_size = 1 + shared() % 20000;
+  cfg.message_size = 1 + shared() % (c.big ? 600000 : 20000);
   cfg.layout = c.layout;
   cfg.plan_order = c.plan;
   cfg.num_streams = c.streams;
@@ -205,6 +208,20 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
       Grad& g = grads[static_cast<size_t>(gi)];
       if (!verify(g, where(g, which), seed, it, gi, scale, nobody, why)) return false;
     }
+    // Every rank holds bitwise the same reduced grads (or the replicas would drift apart).
+    uint64_t h = 0;
+    for (Grad& g : grads) {
+      const unsigned char* p = static_cast<const unsigned char*>(where(g, which));
+      for (size_t i = 0; i < g.numel * ref::dsize(g.dtype); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    }
+    std::vector<uint64_t> hs(static_cast<size_t>(g_world));
+    MPI_Allgather(&h, 1, MPI_UINT64_T, hs.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 0; r < g_world; ++r)
+      if (hs[static_cast<size_t>(r)] != hs[0]) {
+        *why = "iteration " + std::to_string(it) + ": rank " + std::to_string(r) +
+               "'s reduced grads differ in their bits from rank 0's";
+        return false;
+      }
   }
 
   // Every rank holds the same plan.
@@ -263,6 +280,26 @@ void test_all_combinations(uint64_t base_seed) {
                 bool ok = run_case(c, base_seed + static_cast<uint64_t>(n) * 7777, &why);
                 record("reduce " + c.name(), ok, why);
               }
+}
+
+// Large grads, so that pieces reach the host ring (from 64 KiB): both layouts, in place or packed,
+// averaged, pre-divided or summed, pieces not a multiple of the world size.
+void test_large(uint64_t base_seed) {
+  int n = 0;
+  for (int layout = 0; layout < 2; ++layout)
+    for (int average = 0; average < 2; ++average)
+      for (double pre : {1.0, 3.0})
+        for (size_t piece : {size_t(0), size_t(300007)}) {
+          ++n;
+          Case c{layout, n % 2,   1 + 2 * (n % 2),
+                 0,      average, n % 3 == 0,
+                 pre,    false,   (!layout && n % 3 == 1) ? SIZE_MAX : size_t(0),
+                 false,  piece};
+          c.big = true;
+          std::string why;
+          bool ok = run_case(c, base_seed + 991 + static_cast<uint64_t>(n) * 131, &why);
+          record("reduce " + c.name(), ok, why);
+        }
 }
 
 // --- misuse that needs several ranks -----------------------------------------------------------
@@ -411,6 +448,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   test_all_combinations(seed);
+  test_large(seed);
   test_mismatch();
   test_unused_error_policy();
   test_broadcast();

@@ -41,8 +41,8 @@ class RecordingDevice final : public Device {
   void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override {
     g_log.push_back("pack" + std::to_string(t.segs.size()));
   }
-  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double, Span, Stream&) override {
-    g_log.push_back("unpack" + std::to_string(t.segs.size()));
+  void unpack(const void*, Dtype, SegmentTable& t, Dtype, double s, Span, Stream&) override {
+    g_log.push_back("unpack" + std::to_string(t.segs.size()) + (s != 1.0 ? "x" : ""));
   }
   void scale(void*, size_t, Dtype, double s, Stream&) override {
     if (s != 1.0) g_log.push_back("scale");
@@ -66,7 +66,7 @@ class RecordingComm final : public Comm {
   std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new RecordingComm()); }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
   bool supports_wire(Dtype) const override { return true; }
-  bool supports(RedOp) const override { return true; }  // like NCCL: Avg and PreMulSum fuse
+  bool supports(RedOp op) const override { return op != RedOp::SumScaled; }  // like NCCL: Avg, PreMulSum
   bool can_group() const override { return true; }
   void allreduce(const void*, void*, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
     g_log.push_back("ar" + std::to_string(n) +
@@ -177,4 +177,154 @@ TEST_CASE("check_finite: the hook only enqueues scans; the flags are read once, 
     rig.reducer->finish(nullptr, Deadline::never());
     CHECK(g_log == L({"take0", "take1", "take2", "take3"}));
   }
+}
+
+// --- host comms: pieces, in-place grads, the scaled sum ----------------------------------------
+
+namespace {
+
+// A host communicator (MPI-like): pieces of 100 elements, sums and scaled sums only. Records where
+// each collective reads and writes.
+struct Collective {
+  const void* send;
+  void* recv;
+  size_t n;
+  Reduction red;
+};
+std::vector<Collective> g_calls;
+
+class HostRecordingComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Memory memory() const override { return Memory::Host; }
+  std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new HostRecordingComm()); }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new RecordingDevice()); }
+  bool supports_wire(Dtype) const override { return true; }
+  bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
+  size_t piece_elems(Dtype, size_t) const override { return 100; }
+  void allreduce(const void* send, void* recv, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
+    g_calls.push_back(Collective{send, recv, n, red});
+  }
+  void broadcast(void*, size_t, int, void*, Deadline) override {}
+  void allgather_host(const void*, void*, size_t, Deadline) override {}
+  void broadcast_host(void*, size_t, int, Deadline) override {}
+};
+
+// Copy layout, one bucket of four grads: 300 and 150 elements (at least a piece), 40 and 60.
+struct HostRig {
+  HostRecordingComm comm;
+  RecordingDevice device;
+  std::unique_ptr<Stream> stream;
+  Counters counters;
+  std::vector<GradSpec> specs;
+  std::vector<std::vector<float>> bufs;
+  std::unique_ptr<Reducer> reducer;
+  HostRig(size_t inplace, bool average = true, double predivide = 1.0) {
+    for (size_t n : {300, 40, 60, 150}) {
+      specs.push_back(GradSpec{n, Dtype::F32, 0});
+      bufs.emplace_back(n);
+    }
+    ReducerEnv env;
+    env.device = &device;
+    stream = device.make_stream(0);
+    env.streams.push_back(stream.get());
+    env.comms.push_back(&comm);
+    env.world = 2;
+    env.average = average;
+    env.predivide = predivide;
+    env.inplace_min_numel = inplace;
+    env.counters = &counters;
+    reducer.reset(new Reducer(env, specs));
+    std::vector<void*> ptrs;
+    for (auto& b : bufs) ptrs.push_back(b.data());
+    reducer->adopt(registration_plan(specs, 100000, 1), ptrs);
+    reducer->begin(nullptr, 0);
+    g_log.clear();
+    g_calls.clear();
+    for (int g = 0; g < 4; ++g) reducer->mark_ready(g, true, 0);
+  }
+  // The grad whose buffer holds p, or -1.
+  int grad_at(const void* p) const {
+    const char* c = static_cast<const char*>(p);
+    for (size_t g = 0; g < bufs.size(); ++g) {
+      const char* lo = reinterpret_cast<const char*>(bufs[g].data());
+      if (c >= lo && c < lo + bufs[g].size() * sizeof(float)) return static_cast<int>(g);
+    }
+    return -1;
+  }
+  size_t total() const {
+    size_t n = 0;
+    for (const Collective& c : g_calls) n += c.n;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("host comms: by default grads of at least a piece are reduced in place, the rest packed") {
+  HostRig rig(0);
+  CHECK(rig.total() == 550);
+  size_t in_place = 0, packed = 0;
+  for (const Collective& c : g_calls) {
+    CHECK(c.n <= 100);
+    const int g = rig.grad_at(c.recv);
+    if (g >= 0) {
+      CHECK(c.send == c.recv);
+      CHECK((g == 0 || g == 3));
+      in_place += c.n;
+    } else {
+      CHECK(rig.grad_at(c.send) == -1);  // 40 + 60 packed: the piece spans two grads
+      packed += c.n;
+    }
+  }
+  CHECK(in_place == 450);
+  CHECK(packed == 100);
+}
+
+TEST_CASE("host comms: inplace_min_numel SIZE_MAX keeps every collective off the caller's grads") {
+  HostRig rig(SIZE_MAX);
+  CHECK(rig.total() == 550);
+  for (const Collective& c : g_calls) {
+    CHECK(rig.grad_at(c.send) == -1);
+    CHECK(rig.grad_at(c.recv) == -1);
+  }
+}
+
+TEST_CASE("host comms: with nothing in place, a piece inside one grad is sent from it, never written there") {
+  HostRig rig(100000);
+  CHECK(rig.total() == 550);
+  int from_grad = 0;
+  for (const Collective& c : g_calls) {
+    CHECK(rig.grad_at(c.recv) == -1);
+    if (rig.grad_at(c.send) >= 0) ++from_grad;
+  }
+  // 550 packed elements in six pieces; those that lie in one grad (300 and 150 hold some) go without
+  // a pack.
+  CHECK(g_calls.size() == 6);
+  CHECK(from_grad >= 3);
+}
+
+TEST_CASE("host comms: the averaging factor rides on the collective, no scaling pass") {
+  for (size_t inplace : {size_t(0), SIZE_MAX}) {
+    CAPTURE(inplace);
+    HostRig rig(inplace);
+    for (const Collective& c : g_calls) {
+      CHECK(c.red.op == RedOp::SumScaled);
+      CHECK(c.red.factor == 0.5);
+    }
+    for (const std::string& e : g_log) {
+      CHECK(e != "scale");
+      CHECK(e.back() != 'x');  // no unpack scales
+    }
+  }
+  HostRig sum(0, false);
+  for (const Collective& c : g_calls) CHECK(c.red.op == RedOp::Sum);
+  // Pre-division: the pre-scale stays a pass (in cache, per piece), the post factor (3 / 2) fused.
+  HostRig pre(0, true, 3.0);
+  for (const Collective& c : g_calls) {
+    CHECK(c.red.op == RedOp::SumScaled);
+    CHECK(c.red.factor == 1.5);
+  }
+  CHECK(std::count(g_log.begin(), g_log.end(), std::string("scale")) > 0);
 }

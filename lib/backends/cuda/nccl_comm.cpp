@@ -132,6 +132,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       case RedOp::Sum: return true;
       case RedOp::Avg: return api().version >= 21000;
       case RedOp::PreMulSum: return api().premul_create != nullptr && api().op_destroy != nullptr;
+      case RedOp::SumScaled: return false;  // the device's unpack or scale pass applies the factor
     }
     return false;
   }
@@ -228,6 +229,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
         if (!supports(RedOp::Avg)) fail(DDP_ERR_UNSUPPORTED, "ncclAvg needs NCCL 2.10 or later");
         return ncclAvg;
       case RedOp::PreMulSum: break;
+      case RedOp::SumScaled: fail(DDP_ERR_INTERNAL, "NCCL comm: a scaled sum is not fused");
     }
     for (const auto& op : ops_)
       if (op.dtype == d && op.factor == red.factor) return op.op;

@@ -61,6 +61,38 @@ void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scal
 }
 
 template <class T>
+static void sum_scaled_typed(const void* a, const void* b, void* out, size_t n, double scale) {
+  typedef typename T::storage S;
+  const typename T::math f = static_cast<typename T::math>(scale);
+  const bool unit = scale == 1.0;
+  const S* __restrict y = static_cast<const S*>(b);
+  S* o = static_cast<S*>(out);
+  // Separate loops for the in-place case and for each scale so that each one vectorizes.
+  if (a == out) {
+    if (unit)
+      for (size_t i = 0; i < n; ++i) o[i] = elem::sum_scaled<T>(o[i], y[i], f, true);
+    else
+      for (size_t i = 0; i < n; ++i) o[i] = elem::sum_scaled<T>(o[i], y[i], f, false);
+    return;
+  }
+  const S* __restrict x = static_cast<const S*>(a);
+  S* __restrict w = o;
+  if (unit)
+    for (size_t i = 0; i < n; ++i) w[i] = elem::sum_scaled<T>(x[i], y[i], f, true);
+  else
+    for (size_t i = 0; i < n; ++i) w[i] = elem::sum_scaled<T>(x[i], y[i], f, false);
+}
+
+void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, double scale) {
+  switch (d) {
+    case Dtype::F16: return sum_scaled_typed<elem::F16>(a, b, out, n, scale);
+    case Dtype::BF16: return sum_scaled_typed<elem::BF16>(a, b, out, n, scale);
+    case Dtype::F32: return sum_scaled_typed<elem::F32>(a, b, out, n, scale);
+    case Dtype::F64: return sum_scaled_typed<elem::F64>(a, b, out, n, scale);
+  }
+}
+
+template <class T>
 static bool nonfinite_typed(const void* buf, size_t n) {
   const typename T::storage* p = static_cast<const typename T::storage*>(buf);
   bool bad = false;

@@ -12,6 +12,9 @@ namespace host {
 // dst[i] = (D)(src[i] * scale) for n elements, in the precision elem::scaled_cast defines; src == dst
 // is allowed when s == d.
 void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scale);
+// out[i] = (a[i] + b[i]) * scale for n elements (elem::sum_scaled; a scale of 1 is a plain sum). out
+// may be a; b overlaps neither.
+void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, double scale);
 // Whether any of the n elements is an infinity or a NaN.
 bool has_nonfinite(const void* buf, size_t n, Dtype d);
 

@@ -1,13 +1,21 @@
 // The MPI communicator: host memory, Open MPI as the engine. An MPI collective cannot be cancelled.
-// On a host stream's worker, allreduce is a blocking MPI_Allreduce and the thread that waits for the
-// stream keeps the deadline (it writes the worker off if a peer never arrives); everywhere else a
-// collective is issued nonblocking and polled against its deadline.
+// On a host stream's worker, allreduce blocks and the thread that waits for the stream keeps the
+// deadline (it writes the worker off if a peer never arrives); everywhere else a collective is issued
+// nonblocking and polled against its deadline.
+//
+// Allreduces of host pieces are a ring of point-to-point messages of our own (reduce-scatter, then
+// allgather) rather than MPI_Allreduce: the pass that adds the last rank's contribution to a chunk
+// also applies the averaging factor, so averaging costs no pass of its own (a separate pass over a
+// piece measured 25-45% of the allreduce's time on this engine), and every rank receives the same
+// bits (each chunk is finished by one rank and copied to the others). Small ones stay MPI_Allreduce,
+// whose algorithms suit latency-bound sizes better.
 #include "core/comms.hpp"
 
 #include <mpi.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -93,13 +101,76 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
 
 // Counts larger than an int are sent in pieces.
 constexpr size_t kMaxChunk = size_t(1) << 30;
+// The ring: from this many bytes on (below, MPI_Allreduce and a scaling pass), and at most this many
+// at a time (its receive buffer is one rank's share of that).
+constexpr size_t kRingMinBytes = size_t(64) << 10;
+constexpr size_t kRingMaxBytes = size_t(64) << 20;
+constexpr int kRingTag = 0x7ddb;
+
+// What the ring needs, shared with the call that runs it: a worker written off inside the ring keeps
+// using it after the communicator is gone.
+struct RingState {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::vector<char> scratch;  // one chunk received from the left neighbour
+  std::atomic<size_t> bytes{0};
+};
+
+// Sends `sn` elements to the right neighbour while receiving `rn` from the left one.
+void ring_exchange(const RingState& r, const void* out, size_t sn, void* in, size_t rn, MPI_Datatype t, bool worker,
+                   Deadline dl) {
+  const int right = (r.rank + 1) % r.size, left = (r.rank + r.size - 1) % r.size;
+  if (worker) {
+    DDP_MPI_CHECK(MPI_Sendrecv(out, static_cast<int>(sn), t, right, kRingTag, in, static_cast<int>(rn), t, left,
+                               kRingTag, r.comm, MPI_STATUS_IGNORE));
+    return;
+  }
+  MPI_Request req[2];
+  DDP_MPI_CHECK(MPI_Irecv(in, static_cast<int>(rn), t, left, kRingTag, r.comm, &req[0]));
+  DDP_MPI_CHECK(MPI_Isend(out, static_cast<int>(sn), t, right, kRingTag, r.comm, &req[1]));
+  wait_request(&req[0], dl, "MPI ring allreduce (receive)");
+  wait_request(&req[1], dl, "MPI ring allreduce (send)");
+}
+
+// recv = factor * (the sum over ranks of send), n elements, n >= size. Chunk c is [lo(c), lo(c+1)).
+// Reduce-scatter: at step s a rank passes chunk (rank - s) to the right and adds the one it receives,
+// chunk (rank - s - 1), into recv; at the last step that chunk (rank + 1) holds every contribution
+// and the same pass scales it. Allgather: the finished chunks travel once around the ring.
+void ring_allreduce(RingState& r, const void* send, void* recv, size_t n, Dtype d, double factor, bool worker,
+                    Deadline dl) {
+  const MPI_Datatype t = mpi_type(d);
+  const size_t es = dtype_size(d);
+  const int w = r.size;
+  auto lo = [&](int c) { return n * static_cast<size_t>(c) / static_cast<size_t>(w); };
+  auto at = [&](const void* base, int c) { return static_cast<const char*>(base) + lo(c) * es; };
+  auto len = [&](int c) { return lo(c + 1) - lo(c); };
+  auto chunk = [&](int k) { return ((k % w) + w) % w; };
+  const size_t most = (n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w) * es;
+  if (r.scratch.size() < most) {
+    r.scratch.resize(most);
+    r.bytes.store(r.scratch.size());
+  }
+  for (int s = 0; s < w - 1; ++s) {
+    const int out = chunk(r.rank - s), in = chunk(r.rank - s - 1);
+    ring_exchange(r, s == 0 ? at(send, out) : at(recv, out), len(out), r.scratch.data(), len(in), t, worker, dl);
+    char* mine = const_cast<char*>(at(recv, in));
+    host::sum_scaled(at(send, in), r.scratch.data(), mine, len(in), d, s == w - 2 ? factor : 1.0);
+  }
+  for (int s = 0; s < w - 1; ++s) {
+    const int out = chunk(r.rank + 1 - s), in = chunk(r.rank - s);
+    ring_exchange(r, at(recv, out), len(out), const_cast<char*>(at(recv, in)), len(in), t, worker, dl);
+  }
+}
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm c) : comm_(c) {
+  explicit MpiComm(MPI_Comm c) : comm_(c), ring_(std::make_shared<RingState>()) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    ring_->comm = comm_;
+    ring_->rank = rank_;
+    ring_->size = size_;
   }
   ~MpiComm() override {
     int finalized = 0;
@@ -118,29 +189,41 @@ class MpiComm final : public Comm {
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
-  bool supports(RedOp op) const override { return op == RedOp::Sum; }
+  bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
+  size_t buffer_bytes() const override { return ring_->bytes.load(); }
   size_t piece_elems(Dtype d, size_t bytes) const override {
     return std::max<size_t>(1, std::min(kMaxChunk, (bytes ? bytes : piece_bytes_) / dtype_size(d)));
   }
 
   void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
-    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "MPI comm: only sum is fused");
-    MPI_Datatype t = mpi_type(d);
+    if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "MPI comm: only sums are fused");
+    const double factor = red.op == RedOp::SumScaled ? red.factor : 1.0;
     const size_t es = dtype_size(d);
-    // The reducer already cuts pieces (piece_elems); only counts beyond an int are split here.
-    for (size_t done = 0; done < n;) {
-      const int k = static_cast<int>(std::min(kMaxChunk, n - done));
-      void* to = static_cast<char*>(recv) + done * es;
-      const void* from = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + done * es;
-      host::BlockingCall call;
-      if (call.on_worker()) {
-        DDP_MPI_CHECK(MPI_Allreduce(from, to, k, t, MPI_SUM, comm_));
-      } else {
-        MPI_Request req;
-        DDP_MPI_CHECK(MPI_Iallreduce(from, to, k, t, MPI_SUM, comm_, &req));
-        wait_request(&req, dl, "MPI allreduce");
+    if (size_ == 1) {
+      host::convert(send, d, recv, d, n, factor);
+      return;
+    }
+    // The whole call is one blocking call: a worker written off inside it parks when it returns.
+    std::shared_ptr<RingState> ring = ring_;
+    host::BlockingCall call;
+    const size_t step = n * es >= kRingMinBytes ? kRingMaxBytes / es : kMaxChunk;
+    try {
+      for (size_t done = 0; done < n;) {
+        const size_t k = std::min(step, n - done);
+        void* to = static_cast<char*>(recv) + done * es;
+        const void* from = static_cast<const char*>(send) + done * es;
+        if (k * es >= kRingMinBytes) {
+          ring_allreduce(*ring, from, to, k, d, factor, call.on_worker(), dl);
+        } else {
+          mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, call.on_worker(), dl);
+          if (factor != 1.0) host::convert(to, d, to, d, k, factor);
+        }
+        done += k;
       }
-      done += static_cast<size_t>(k);
+    } catch (const Error& e) {
+      // A message left posted may still land in the receive buffer.
+      if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(ring);
+      throw;
     }
   }
 
@@ -178,10 +261,24 @@ class MpiComm final : public Comm {
     if (bytes) std::memcpy(buf, send_.data(), bytes);
   }
 
-  // An MPI collective cannot be cancelled; the communicator is simply never used (or freed) again.
-  void abort() override { aborted_ = true; }
+  // An MPI collective cannot be cancelled; the communicator is simply never used (or freed) again,
+  // and the ring's buffer is kept for a message still on its way.
+  void abort() override {
+    aborted_ = true;
+    host::keep_until_exit(ring_);
+  }
 
  private:
+  void mpi_allreduce(const void* from, void* to, size_t k, Dtype d, bool worker, Deadline dl) {
+    if (worker) {
+      DDP_MPI_CHECK(MPI_Allreduce(from, to, static_cast<int>(k), mpi_type(d), MPI_SUM, comm_));
+      return;
+    }
+    MPI_Request req;
+    DDP_MPI_CHECK(MPI_Iallreduce(from, to, static_cast<int>(k), mpi_type(d), MPI_SUM, comm_, &req));
+    wait_request(&req, dl, "MPI allreduce");
+  }
+
   void bcast_pieces(char* p, size_t bytes, int root, Deadline dl) {
     for (size_t done = 0; done < bytes;) {
       size_t k = std::min(kMaxChunk, bytes - done);
@@ -207,6 +304,7 @@ class MpiComm final : public Comm {
   }
 
   MPI_Comm comm_;
+  std::shared_ptr<RingState> ring_;
   size_t piece_bytes_ = host::piece_bytes();
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
