@@ -6,7 +6,7 @@
 // Allreduces of host pieces are a ring of point-to-point messages of our own (reduce-scatter, then
 // allgather) rather than MPI_Allreduce: the pass that adds the last rank's contribution to a chunk
 // also applies the averaging factor, so averaging costs no pass of its own (a separate pass over a
-// piece measured 25-45% of the allreduce's time on this engine), and every rank receives the same
+// piece measured 25-55% of the allreduce's time on this engine), and every rank receives the same
 // bits (each chunk is finished by one rank and copied to the others). Small ones stay MPI_Allreduce,
 // whose algorithms suit latency-bound sizes better.
 #include "core/comms.hpp"
