@@ -19,7 +19,8 @@ struct Reducer::BucketRt {
   SegmentTable direct;  // copy layout: grads reduced in place, each its own collective
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
   size_t packed_numel = 0;
-  size_t piece = 0;  // elements per collective piece (host comms), 0: the whole bucket at once
+  size_t stage_offset = 0;  // bytes into its stream's staging buffer
+  size_t piece = 0;         // elements per collective piece (host comms), 0: the whole bucket at once
   Dtype wire = Dtype::F32;
   std::atomic<bool> done{false};  // this iteration's work finished (names the bucket a timeout hit)
   int size = 0;
@@ -144,12 +145,19 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
-      need = std::max(need, r->packed_numel * dtype_size(r->wire));
+      const size_t bytes = r->packed_numel * dtype_size(r->wire);
+      if (can_group_) {
+        // A grouped launch packs every bucket before any collective: each needs its own range.
+        r->stage_offset = need;
+        need += (bytes + 255) / 256 * 256;
+      } else {
+        need = std::max(need, bytes);
+      }
     }
     rt_.push_back(std::move(r));
   }
-  // One staging buffer per stream, as large as its largest bucket: a stream runs its buckets one
-  // after another, so they can share it.
+  // One staging buffer per stream. Host streams run their buckets one after another, so they share
+  // it (as large as the largest bucket); GPU streams may group buckets, so each has its own range.
   for (void* p : staging_) env_.device->release(p);
   staging_.assign(static_cast<size_t>(ns), nullptr);
   staging_bytes_ = 0;
@@ -163,6 +171,12 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
+}
+
+void* Reducer::staging(int b) const {
+  const BucketRt& r = *rt_[static_cast<size_t>(b)];
+  return static_cast<char*>(staging_[static_cast<size_t>(plan_.buckets[static_cast<size_t>(b)].stream)]) +
+         r.stage_offset;
 }
 
 void* Reducer::grad_ptr(int g) const {
@@ -307,8 +321,7 @@ void Reducer::stage_in(int b) {
   auto [r, bk, s, d, c] = work(b);
   r.start_ns = now_ns();
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty())
-      d.pack(r.packed, bk.dtype, staging_[static_cast<size_t>(bk.stream)], r.wire, pre_, Span{0, r.packed_numel}, s);
+    if (!r.packed.segs.empty()) d.pack(r.packed, bk.dtype, staging(b), r.wire, pre_, Span{0, r.packed_numel}, s);
     for (Segment& seg : r.direct.segs) {
       if (seg.zero)
         d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
@@ -334,7 +347,7 @@ void Reducer::collectives(int b, bool own_group) {
   const bool packed = !r.packed.segs.empty();
   const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
   if (group) c.group_start();
-  void* st = staging_[static_cast<size_t>(bk.stream)];
+  void* st = staging(b);
   if (packed) c.allreduce(st, st, r.packed_numel, r.wire, red_, s, dl);
   for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, red_, s, dl);
   if (group) c.group_end();
@@ -344,8 +357,7 @@ void Reducer::collectives(int b, bool own_group) {
 void Reducer::stage_out(int b) {
   auto [r, bk, s, d, c] = work(b);
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty())
-      d.unpack(staging_[static_cast<size_t>(bk.stream)], r.wire, r.packed, bk.dtype, post_, Span{0, r.packed_numel}, s);
+    if (!r.packed.segs.empty()) d.unpack(staging(b), r.wire, r.packed, bk.dtype, post_, Span{0, r.packed_numel}, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
     size_t cursor = 0;
     scan_packed(b, Span{0, r.packed_numel}, &cursor);
@@ -408,7 +420,7 @@ void Reducer::pipeline(int b) {
       if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
     reduce_in_place(b, r.base, bk.numel);
   } else {
-    char* st = static_cast<char*>(staging_[static_cast<size_t>(bk.stream)]);
+    char* st = static_cast<char*>(staging(b));
     const size_t ws = dtype_size(r.wire);
     const Deadline dl = Deadline::after_ms(env_.timeout_ms);
     size_t cursor = 0, walk = 0;

@@ -124,6 +124,7 @@ class Reducer {
   std::vector<char> ready_;     // per grad, this iteration
   std::vector<char> zero_;      // per grad, as the tables have it
   std::vector<void*> staging_;  // per stream (copy layout, and 16-bit arena buckets)
+  void* staging(int b) const;   // bucket b's range of its stream's staging buffer
   uint64_t staging_bytes_ = 0;
   char* arena_ = nullptr;  // arena layout: every bucket's storage, bucket after bucket
   uint64_t arena_bytes_ = 0;

@@ -16,6 +16,7 @@ using namespace ddp;
 namespace {
 
 std::vector<std::string> g_log;
+std::vector<void*> g_pack_dst;  // where each pack wrote
 
 class InlineStream final : public Stream {
  public:
@@ -38,7 +39,8 @@ class RecordingDevice final : public Device {
   std::unique_ptr<Stream> make_stream(int) override { return std::unique_ptr<Stream>(new InlineStream()); }
   void stream_wait_user(Stream&, void*) override { g_log.push_back("wait"); }
   void user_wait_stream(void*, Stream&) override {}
-  void pack(SegmentTable& t, Dtype, void*, Dtype, double, Span, Stream&) override {
+  void pack(SegmentTable& t, Dtype, void* dst, Dtype, double, Span, Stream&) override {
+    g_pack_dst.push_back(dst);
     g_log.push_back("pack" + std::to_string(t.segs.size()));
   }
   void unpack(const void*, Dtype, SegmentTable& t, Dtype, double s, Span, Stream&) override {
@@ -139,6 +141,19 @@ TEST_CASE("GPU streams: buckets ready together are grouped; alone they are issue
   g_log.clear();
   rig.reducer->mark_ready(3, true, 0);
   CHECK(g_log == L({"wait", "pack1", "ar100avg", "unpack1"}));
+}
+
+TEST_CASE("GPU streams: buckets grouped on one stream pack into separate staging ranges") {
+  // Every pack of a group runs before its first collective, so two buckets sharing a range would
+  // reduce each other's grads (found by the simulated GPU suite).
+  Rig rig(false, 1);
+  g_pack_dst.clear();
+  for (int g = 0; g < 4; ++g) rig.reducer->mark_ready(g, true, 0);
+  REQUIRE(g_pack_dst.size() == 4);
+  std::vector<char*> d;
+  for (void* p : g_pack_dst) d.push_back(static_cast<char*>(p));
+  std::sort(d.begin(), d.end());
+  for (size_t i = 1; i < d.size(); ++i) CHECK(d[i] - d[i - 1] >= static_cast<std::ptrdiff_t>(100 * sizeof(float)));
 }
 
 TEST_CASE("GPU streams: the arena reduces in place; unfused factors become in-place passes") {
