@@ -4,7 +4,21 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/elementwise.h"
+
 namespace ddp {
+
+namespace {
+
+// Whether `f` is exactly a value of the 16-bit type `d`.
+bool exact_in(Dtype d, double f) {
+  const float x = static_cast<float>(f);
+  if (static_cast<double>(x) != f) return false;
+  const float y = d == Dtype::F16 ? elem::f16_to_f32(elem::f32_to_f16(x)) : elem::bf16_to_f32(elem::f32_to_bf16(x));
+  return y == x;
+}
+
+}  // namespace
 
 struct Reducer::BucketTask final : Task {
   Reducer* reducer = nullptr;
@@ -20,7 +34,9 @@ struct Reducer::BucketRt {
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
   size_t packed_numel = 0;
   size_t stage_offset = 0;  // bytes into its stream's staging buffer
-  size_t piece = 0;         // elements per collective piece (host comms), 0: the whole bucket at once
+  Reduction red;            // what the collective fuses, and the factors left as passes
+  double pre = 1.0, post = 1.0;
+  size_t piece = 0;  // elements per collective piece (host comms), 0: the whole bucket at once
   Dtype wire = Dtype::F32;
   std::atomic<bool> done{false};  // this iteration's work finished (names the bucket a timeout hit)
   int size = 0;
@@ -125,6 +141,16 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
     r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
     r->piece = c.piece_elems(r->wire, env_.piece_bytes);
+    r->red = red_;
+    r->pre = pre_;
+    r->post = post_;
+    // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
+    // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
+    // rounding per element, as apex's pre-division is.
+    if (red_.op == RedOp::PreMulSum && is_16bit(r->wire) && !exact_in(r->wire, red_.factor)) {
+      r->red = Reduction{RedOp::Sum, 1.0};
+      r->pre = red_.factor;
+    }
     // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
     // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
     const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
@@ -321,17 +347,17 @@ void Reducer::stage_in(int b) {
   auto [r, bk, s, d, c] = work(b);
   r.start_ns = now_ns();
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty()) d.pack(r.packed, bk.dtype, staging(b), r.wire, pre_, Span{0, r.packed_numel}, s);
+    if (!r.packed.segs.empty()) d.pack(r.packed, bk.dtype, staging(b), r.wire, r.pre, Span{0, r.packed_numel}, s);
     for (Segment& seg : r.direct.segs) {
       if (seg.zero)
         d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
       else
-        d.scale(seg.ptr, seg.numel, bk.dtype, pre_, s);
+        d.scale(seg.ptr, seg.numel, bk.dtype, r.pre, s);
     }
   } else {
     for (Segment& seg : r.packed.segs)
       if (seg.zero) d.fill_zero(seg.ptr, seg.numel, bk.dtype, s);
-    d.scale(r.base, bk.numel, bk.dtype, pre_, s);
+    d.scale(r.base, bk.numel, bk.dtype, r.pre, s);
   }
 }
 
@@ -341,15 +367,15 @@ void Reducer::collectives(int b, bool own_group) {
   auto [r, bk, s, d, c] = work(b);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   if (env_.arena && r.wire == bk.dtype) {
-    c.allreduce(r.base, r.base, bk.numel, bk.dtype, red_, s, dl);
+    c.allreduce(r.base, r.base, bk.numel, bk.dtype, r.red, s, dl);
     return;
   }
   const bool packed = !r.packed.segs.empty();
   const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
   if (group) c.group_start();
   void* st = staging(b);
-  if (packed) c.allreduce(st, st, r.packed_numel, r.wire, red_, s, dl);
-  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, red_, s, dl);
+  if (packed) c.allreduce(st, st, r.packed_numel, r.wire, r.red, s, dl);
+  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, r.red, s, dl);
   if (group) c.group_end();
 }
 
@@ -357,13 +383,13 @@ void Reducer::collectives(int b, bool own_group) {
 void Reducer::stage_out(int b) {
   auto [r, bk, s, d, c] = work(b);
   if (!env_.arena || r.wire != bk.dtype) {
-    if (!r.packed.segs.empty()) d.unpack(staging(b), r.wire, r.packed, bk.dtype, post_, Span{0, r.packed_numel}, s);
-    for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, post_, s);
+    if (!r.packed.segs.empty()) d.unpack(staging(b), r.wire, r.packed, bk.dtype, r.post, Span{0, r.packed_numel}, s);
+    for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, r.post, s);
     size_t cursor = 0;
     scan_packed(b, Span{0, r.packed_numel}, &cursor);
     for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
   } else {
-    d.scale(r.base, bk.numel, bk.dtype, post_, s);
+    d.scale(r.base, bk.numel, bk.dtype, r.post, s);
     scan(b, r.base, bk.numel);
   }
   account(b);
@@ -428,11 +454,11 @@ void Reducer::pipeline(int b) {
       const Span sp{lo, std::min(r.packed_numel, lo + r.piece)};
       const void* from = direct_source(r, bk.dtype, sp, &walk);
       if (!from) {
-        d.pack(r.packed, bk.dtype, st, r.wire, pre_, sp, s);
+        d.pack(r.packed, bk.dtype, st, r.wire, r.pre, sp, s);
         from = st + lo * ws;
       }
-      c.allreduce(from, st + lo * ws, sp.hi - lo, r.wire, red_, s, dl);
-      d.unpack(st, r.wire, r.packed, bk.dtype, post_, sp, s);
+      c.allreduce(from, st + lo * ws, sp.hi - lo, r.wire, r.red, s, dl);
+      d.unpack(st, r.wire, r.packed, bk.dtype, r.post, sp, s);
       scan_packed(b, sp, &cursor);
     }
     for (Segment& seg : r.direct.segs) {
@@ -448,7 +474,7 @@ void Reducer::pipeline(int b) {
 // and the unpack brings the sum back: one pass fewer. Not when the caller forbade collectives on its
 // grads (inplace_min_numel SIZE_MAX). *seg walks the segments as the spans advance.
 const void* Reducer::direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const {
-  if (r.wire != dtype || pre_ != 1.0 || env_.inplace_min_numel == SIZE_MAX) return nullptr;
+  if (r.wire != dtype || r.pre != 1.0 || env_.inplace_min_numel == SIZE_MAX) return nullptr;
   const std::vector<Segment>& segs = r.packed.segs;
   while (*seg < segs.size() && segs[*seg].offset + segs[*seg].numel <= sp.lo) ++*seg;
   if (*seg == segs.size()) return nullptr;
@@ -466,9 +492,9 @@ void Reducer::reduce_in_place(int b, void* p, size_t n) {
   for (size_t lo = 0; lo < n; lo += r.piece) {
     char* at = static_cast<char*>(p) + lo * es;
     const size_t k = std::min(r.piece, n - lo);
-    d.scale(at, k, bk.dtype, pre_, s);
-    c.allreduce(at, at, k, bk.dtype, red_, s, dl);
-    d.scale(at, k, bk.dtype, post_, s);
+    d.scale(at, k, bk.dtype, r.pre, s);
+    c.allreduce(at, at, k, bk.dtype, r.red, s, dl);
+    d.scale(at, k, bk.dtype, r.post, s);
     scan(b, at, k);
   }
 }

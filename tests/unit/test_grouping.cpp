@@ -91,8 +91,9 @@ struct Rig {
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
   std::unique_ptr<Reducer> reducer;
-  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0, bool check_finite = false) {
-    for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, Dtype::F32, 0});
+  Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0, bool check_finite = false,
+      Dtype dtype = Dtype::F32) {
+    for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, dtype, 0});
     bufs.assign(4, std::vector<float>(100));
     ReducerEnv env;
     env.device = &device;
@@ -164,6 +165,18 @@ TEST_CASE("GPU streams: the arena reduces in place; unfused factors become in-pl
   rig.reducer->mark_ready(1, true, 0);
   rig.reducer->mark_ready(2, true, 0);
   CHECK(g_log == L({"wait", "wait", "gs", "ar100pre", "ar100pre", "ge", "scale", "scale"}));
+}
+
+TEST_CASE("GPU streams: a pre-division factor 16 bits cannot hold is a pass, never a 16-bit premultiplied sum") {
+  // NCCL multiplies by the scalar in the wire type: 1/3 in bf16 is 0.33398, a bias of 0.2% on every grad.
+  for (Dtype dt : {Dtype::F16, Dtype::BF16}) {
+    Rig third(true, 1, 0, 3.0, false, dt);
+    third.reducer->mark_ready(3, true, 0);
+    CHECK(g_log == L({"wait", "scale", "ar100sum", "scale"}));
+    Rig quarter(true, 1, 0, 4.0, false, dt);  // 1/4 is exact in 16 bits: fused
+    quarter.reducer->mark_ready(3, true, 0);
+    CHECK(g_log == L({"wait", "ar100pre", "scale"}));
+  }
 }
 
 TEST_CASE("GPU streams: in-place large grads join the bucket's group, never a nested one when grouped") {
