@@ -1,6 +1,8 @@
 // Host-side entry points of the CUDA kernels: the multi-tensor scaled cast of a bucket (pack and
 // unpack in one launch each), batched plain copies through CUB, in-place scaling and the NaN/Inf scan.
 // Each returns the launch's cudaError_t; the caller checks it. Nothing here knows about buckets.
+// Defined by multi_tensor.cu on a GPU build and by tests/gpusim/kernels_sim.cpp in the simulated
+// one; both run the thread bodies of kernel_bodies.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,27 +10,10 @@
 #include <stdint.h>
 
 #include "ddp.h"
+#include "kernel_bodies.h"
 
 namespace ddp {
 namespace kern {
-
-// Elements one block of the multi-tensor kernel handles: a segment of n elements takes
-// ceil(n / kChunk) blocks.
-constexpr uint64_t kChunk = 8192;
-constexpr int kThreads = 256;
-
-// One grad of a bucket as the multi-tensor kernel sees it. `first_block` is the sum of the block
-// counts of the segments before it (blocks find their segment by binary search on it).
-struct SegDesc {
-  void* ptr;        // the grad's storage
-  uint64_t offset;  // in elements of the flat buffer
-  uint64_t numel;
-  uint64_t first_block;
-  uint32_t zero;  // pack writes zeros for this segment instead of reading ptr
-  uint32_t pad;
-};
-
-inline uint64_t blocks_for(uint64_t numel) { return (numel + kChunk - 1) / kChunk; }
 
 // pack != 0: flat[seg.offset + i] = dst(seg.ptr[i] * scale) (zero for zero segments), seg.ptr is of
 // type `src`, flat of type `dst`. pack == 0: seg.ptr[i] = dst(flat[seg.offset + i] * scale), flat is of

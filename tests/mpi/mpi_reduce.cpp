@@ -3,11 +3,23 @@
 // moved grad pointers, reduce_all, unused grads, mismatched registrations and configs, broadcast.
 // Every reduced value is checked against a float64 reference computed locally from every rank's
 // deterministic inputs. Rank 0 prints "mpi(np=N): P passed, F failed".
+//
+// Built with DDP_TEST_NCCL=1 (the gpusim suite), the same cases run over ddp_comm_init_nccl_mpi with
+// every grad in CUDA device memory, written and read back with cudaMemcpy on the legacy stream (the
+// user stream the calls are given): "mpi-nccl(np=N): ...". The host-buffer misuse cases (unused-grad
+// error policy, broadcast) run only on MPI; the GPU suite covers those on NCCL.
 #include <mpi.h>
+#ifndef DDP_TEST_NCCL
+#define DDP_TEST_NCCL 0
+#endif
+#if DDP_TEST_NCCL
+#include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +32,43 @@ namespace {
 int g_rank = 0, g_world = 1;
 ddp_comm_t g_comm = nullptr;
 int g_passed = 0, g_failed = 0;
+
+// Grad storage: host memory on MPI, device memory on NCCL, and the copies in and out.
+void* grad_alloc(size_t bytes) {
+#if DDP_TEST_NCCL
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess || cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
+    std::fprintf(stderr, "cudaMalloc of %zu bytes failed\n", bytes);
+    std::abort();
+  }
+  return p;
+#else
+  return std::calloc(1, bytes ? bytes : 1);
+#endif
+}
+void grad_free(void* p) {
+#if DDP_TEST_NCCL
+  cudaFree(p);
+#else
+  std::free(p);
+#endif
+}
+void grad_write(void* dst, const std::vector<char>& host) {
+#if DDP_TEST_NCCL
+  if (cudaMemcpy(dst, host.data(), host.size(), cudaMemcpyHostToDevice) != cudaSuccess) std::abort();
+#else
+  std::memcpy(dst, host.data(), host.size());
+#endif
+}
+std::vector<char> grad_read(const void* src, size_t bytes) {
+  std::vector<char> host(bytes);
+#if DDP_TEST_NCCL
+  if (cudaMemcpy(host.data(), src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+#else
+  std::memcpy(host.data(), src, bytes);
+#endif
+  return host;
+}
 
 // A test passes only if it passed on every rank.
 void record(const std::string& name, bool ok_here, const std::string& why) {
@@ -57,7 +106,15 @@ struct Grad {
   ddp_dtype_t dtype;
   unsigned flags;
   int index;
-  std::vector<char> buf[2];  // copy layout: the two places the grad lives in turn
+  void* buf[2] = {nullptr, nullptr};  // copy layout: the two places the grad lives in turn
+  size_t bytes() const { return numel * ref::dsize(dtype); }
+  Grad() = default;
+  Grad(const Grad&) = delete;
+  Grad& operator=(const Grad&) = delete;
+  ~Grad() {
+    grad_free(buf[0]);
+    grad_free(buf[1]);
+  }
 };
 
 #define EXPECT_OK(call)                                                                      \
@@ -70,13 +127,17 @@ struct Grad {
   } while (0)
 
 void fill(Grad& g, void* p, uint64_t seed, int it, int gi) {
+  std::vector<char> host(g.bytes());
   for (size_t i = 0; i < g.numel; ++i)
-    ref::store(p, i, g.dtype, ref::quantize(ref::raw_value(seed, g_rank, it, gi, i), g.dtype));
+    ref::store(host.data(), i, g.dtype, ref::quantize(ref::raw_value(seed, g_rank, it, gi, i), g.dtype));
+  grad_write(p, host);
 }
 
 // Checks grad gi after reduction in iteration `it`; `skipped[r]` says rank r gave zeros.
-bool verify(const Grad& g, const void* p, uint64_t seed, int it, int gi, double scale, const std::vector<char>& skipped,
-            std::string* why) {
+bool verify(const Grad& g, const void* where, uint64_t seed, int it, int gi, double scale,
+            const std::vector<char>& skipped, bool native16, std::string* why) {
+  const std::vector<char> host = grad_read(where, g.bytes());
+  const void* p = host.data();
   for (size_t i = 0; i < g.numel; ++i) {
     double sum = 0, mag = 0;
     for (int r = 0; r < g_world; ++r) {
@@ -86,7 +147,10 @@ bool verify(const Grad& g, const void* p, uint64_t seed, int it, int gi, double 
       mag += std::fabs(v);
     }
     double want = sum * scale, got = ref::load(p, i, g.dtype);
-    if (!ref::close(got, want, mag * std::fabs(scale), g.dtype)) {
+    const bool ok = native16 && (g.dtype == DDP_F16 || g.dtype == DDP_BF16)
+                        ? ref::close_native16(got, want, mag * std::fabs(scale), g.dtype)
+                        : ref::close(got, want, mag * std::fabs(scale), g.dtype);
+    if (!ok) {
       char b[256];
       std::snprintf(b, sizeof b, "iteration %d grad %d (%s[%zu]) element %zu: got %.9g want %.9g", it, gi,
                     g.dtype == DDP_F16    ? "f16"
@@ -132,14 +196,17 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     ~Closer() { ddp_destroy(d); }
   } closer{d};
   for (Grad& g : grads) {
-    g.buf[0].assign(g.numel * ref::dsize(g.dtype), 0);
-    g.buf[1].assign(g.numel * ref::dsize(g.dtype), 0);
-    EXPECT_OK(ddp_register_grad(d, c.layout ? nullptr : g.buf[0].data(), g.numel, g.dtype, g.flags, &g.index));
+    if (!c.layout) {
+      g.buf[0] = grad_alloc(g.bytes());
+      g.buf[1] = grad_alloc(g.bytes());
+    }
+    EXPECT_OK(ddp_register_grad(d, c.layout ? nullptr : g.buf[0], g.numel, g.dtype, g.flags, &g.index));
   }
   EXPECT_OK(ddp_commit(d));
   const double scale = c.average ? 1.0 / g_world : 1.0 / c.predivide;
+  const bool native16 = DDP_TEST_NCCL && !c.fp32;  // NCCL sums 16-bit buckets in 16 bits
   auto where = [&](Grad& g, int which) -> void* {
-    if (!c.layout) return g.buf[which].data();
+    if (!c.layout) return g.buf[which];
     void* p = nullptr;
     ddp_grad_ptr(d, g.index, &p);
     return p;
@@ -159,10 +226,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     std::vector<std::vector<char>> before;
     if (nosync) {
       EXPECT_OK(ddp_set_sync(d, 0));
-      for (Grad& g : grads) {
-        char* p = static_cast<char*>(where(g, which));
-        before.emplace_back(p, p + g.numel * ref::dsize(g.dtype));
-      }
+      for (Grad& g : grads) before.push_back(grad_read(where(g, which), g.bytes()));
     }
     if (reduce_all) {
       EXPECT_OK(ddp_reduce_all(d, nullptr));
@@ -175,7 +239,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
         if (gi == left_out) continue;
         Grad& g = grads[static_cast<size_t>(gi)];
         if (moved)
-          EXPECT_OK(ddp_grad_ready_ptr(d, g.index, g.buf[1].data()));
+          EXPECT_OK(ddp_grad_ready_ptr(d, g.index, g.buf[1]));
         else
           EXPECT_OK(ddp_grad_ready(d, g.index));
       }
@@ -188,7 +252,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
             skipped[static_cast<size_t>(r)] =
                 static_cast<int>((seed + static_cast<uint64_t>(r)) % static_cast<uint64_t>(ngrads)) == gi;
           Grad& g = grads[static_cast<size_t>(gi)];
-          if (!verify(g, where(g, which), seed, it, gi, scale, skipped, why)) return false;
+          if (!verify(g, where(g, which), seed, it, gi, scale, skipped, native16, why)) return false;
         }
         continue;
       }
@@ -197,7 +261,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
       EXPECT_OK(ddp_set_sync(d, 1));
       for (size_t gi = 0; gi < grads.size(); ++gi) {
         Grad& g = grads[gi];
-        if (std::memcmp(where(g, which), before[gi].data(), before[gi].size()) != 0) {
+        if (grad_read(where(g, which), g.bytes()) != before[gi]) {
           *why = "a no_sync iteration changed grad " + std::to_string(gi);
           return false;
         }
@@ -206,14 +270,12 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     }
     for (int gi = 0; gi < ngrads; ++gi) {
       Grad& g = grads[static_cast<size_t>(gi)];
-      if (!verify(g, where(g, which), seed, it, gi, scale, nobody, why)) return false;
+      if (!verify(g, where(g, which), seed, it, gi, scale, nobody, native16, why)) return false;
     }
     // Every rank holds bitwise the same reduced grads (or the replicas would drift apart).
     uint64_t h = 0;
-    for (Grad& g : grads) {
-      const unsigned char* p = static_cast<const unsigned char*>(where(g, which));
-      for (size_t i = 0; i < g.numel * ref::dsize(g.dtype); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    }
+    for (Grad& g : grads)
+      for (char c : grad_read(where(g, which), g.bytes())) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     std::vector<uint64_t> hs(static_cast<size_t>(g_world));
     MPI_Allgather(&h, 1, MPI_UINT64_T, hs.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
     for (int r = 0; r < g_world; ++r)
@@ -443,18 +505,30 @@ int main(int argc, char** argv) {
   uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20261202;
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   MPI_Comm world = MPI_COMM_WORLD;
+#if DDP_TEST_NCCL
+  int ndev = 0;
+  cudaGetDeviceCount(&ndev);
+  const int device = ndev > 0 ? g_rank % ndev : 0;
+  cudaSetDevice(device);
+  const char* label = "mpi-nccl";
+  if (ddp_comm_init_nccl_mpi(&world, device, &g_comm) != DDP_SUCCESS) {
+#else
+  const char* label = "mpi";
   if (ddp_comm_init_mpi(&world, &g_comm) != DDP_SUCCESS) {
-    std::fprintf(stderr, "ddp_comm_init_mpi: %s\n", ddp_last_error());
+#endif
+    std::fprintf(stderr, "making the communicator: %s\n", ddp_last_error());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   test_all_combinations(seed);
   test_large(seed);
   test_mismatch();
-  test_unused_error_policy();
-  test_broadcast();
+  if (!DDP_TEST_NCCL) {
+    test_unused_error_policy();
+    test_broadcast();
+  }
   ddp_comm_destroy(g_comm);
   if (g_rank == 0)
-    std::printf("mpi(np=%d, seed=%llu): %d passed, %d failed\n", g_world, static_cast<unsigned long long>(seed),
+    std::printf("%s(np=%d, seed=%llu): %d passed, %d failed\n", label, g_world, static_cast<unsigned long long>(seed),
                 g_passed, g_failed);
   MPI_Finalize();
   return g_failed ? 1 : 0;

@@ -115,4 +115,13 @@ inline bool close(double got, double want, double mag, ddp_dtype_t d) {
   }
 }
 
+// A 16-bit bucket summed on its own wire (NCCL without allreduce_always_fp32): each input may be
+// rounded once more (premultiplied in 16 bits), so beyond close() the error may reach the 16-bit
+// type's unit roundoff at the inputs' magnitude.
+inline bool close_native16(double got, double want, double mag, ddp_dtype_t d) {
+  if (close(got, want, mag, d)) return true;
+  const double rel = d == DDP_F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  return std::fabs(got - want) <= ulp(want, d) + rel * mag;
+}
+
 }  // namespace ref
