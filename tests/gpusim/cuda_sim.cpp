@@ -95,7 +95,7 @@ struct Registry {
   size_t memory_limit = 0;
   std::vector<size_t> used;
   std::map<const char*, Allocation> allocations;
-  std::set<cudaStream_t> streams;  // live created streams
+  std::set<cudaStream_t> streams;    // live created streams
   std::vector<cudaStream_t> legacy;  // per device
   std::set<cudaEvent_t> events;
   std::vector<cudaError_t> sticky;  // per device: a fault breaks the context for good

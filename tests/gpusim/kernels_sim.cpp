@@ -45,10 +45,9 @@ cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_bl
           const SegDesc& g = segs[i];
           const size_t in_bytes = g.numel * sizeof(typename S::storage);
           const size_t out_bytes = g.numel * sizeof(typename D::storage);
-          const bool flat_ok = pack ? on_device(static_cast<char*>(flat) + g.offset * sizeof(typename D::storage),
-                                                out_bytes, device)
-                                    : on_device(static_cast<char*>(flat) + g.offset * sizeof(typename S::storage),
-                                                in_bytes, device);
+          const bool flat_ok =
+              pack ? on_device(static_cast<char*>(flat) + g.offset * sizeof(typename D::storage), out_bytes, device)
+                   : on_device(static_cast<char*>(flat) + g.offset * sizeof(typename S::storage), in_bytes, device);
           const bool seg_ok = (pack && g.zero) || on_device(g.ptr, pack ? in_bytes : out_bytes, device);
           if (!flat_ok || !seg_ok)
             return check(false, device, "multi-tensor kernel: segment " + std::to_string(i) + " is out of bounds");
@@ -100,7 +99,8 @@ cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, c
       typename T::storage* p = static_cast<typename T::storage*>(buf);
       if (!on_device(p, n * sizeof *p, device)) return check(false, device, "scale kernel: buffer out of bounds");
       for (size_t b = 0; b < grid; ++b)
-        for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th) scale_thread<T>(p, n, scale, b, th, kThreads, grid);
+        for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th)
+          scale_thread<T>(p, n, scale, b, th, kThreads, grid);
     });
   });
   return rc;

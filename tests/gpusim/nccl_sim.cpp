@@ -306,8 +306,7 @@ ncclResult_t check_op(CommState& st, ncclRedOp_t op, ncclDataType_t type, PreMul
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.ops.find(op);
   if (it == st.ops.end()) return err(ncclInvalidArgument, "invalid reduction operation " + std::to_string(op));
-  if (it->second.type != type)
-    return err(ncclInvalidArgument, "a premultiplied sum created for another datatype");
+  if (it->second.type != type) return err(ncclInvalidArgument, "a premultiplied sum created for another datatype");
   *pm = it->second;
   return ncclSuccess;
 }
@@ -349,7 +348,8 @@ ncclResult_t rendezvous(const IdBody& id, int nranks, int rank, MPI_Comm* out) {
     return err(ncclSystemError, std::string("cannot write the rendezvous file ") + part);
   }
   std::vector<int> ranks(static_cast<size_t>(nranks), -1);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(env_long("DDP_GPUSIM_INIT_TIMEOUT_S", 120));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(env_long("DDP_GPUSIM_INIT_TIMEOUT_S", 120));
   for (;;) {
     int found = 0;
     for (int r = 0; r < nranks; ++r) {
@@ -638,8 +638,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                            ncclComm_t comm, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm)) return r;
   const size_t bytes = sendcount * type_size(datatype);
-  if (ncclResult_t r = check_call(comm, sendbuff, bytes, recvbuff, bytes * static_cast<size_t>(comm->st->nranks),
-                                  datatype, stream))
+  if (ncclResult_t r =
+          check_call(comm, sendbuff, bytes, recvbuff, bytes * static_cast<size_t>(comm->st->nranks), datatype, stream))
     return r;
   return submit(Call{comm->st, stream, [=](CommState& st) {
                        auto all = gather_all(st, sendbuff, bytes);

@@ -79,10 +79,10 @@ typedef struct ncclConfig_v21700 {
 } ncclConfig_t;
 
 #define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
-#define NCCL_CONFIG_INITIALIZER                                                                            \
-  {                                                                                                        \
-    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,     \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, (const char*)0, NCCL_CONFIG_UNDEF_INT                \
+#define NCCL_CONFIG_INITIALIZER                                                                        \
+  {                                                                                                    \
+    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, (const char*)0, NCCL_CONFIG_UNDEF_INT            \
   }
 
 ncclResult_t ncclGetVersion(int* version);
