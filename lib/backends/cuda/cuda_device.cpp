@@ -90,6 +90,9 @@ bool CudaStream::idle() {
   if (capture != cudaStreamCaptureStatusNone) return true;
   cudaError_t rc = cudaStreamQuery(stream_);
   if (rc == cudaSuccess) {
+    // A collective that failed may have finished after the check above: its error must not be
+    // mistaken for a clean finish (the grads it left are not reduced).
+    for (AsyncErrorSource* s : sources_) s->check_async();
     has_pending_ = false;
     return true;
   }
