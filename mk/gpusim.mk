@@ -48,13 +48,17 @@ $(SIM_NCCL): tests/gpusim/nccl_sim.cpp $(SIM_CUDART) kernels/elementwise.h
 	$(Q)$(CXX) $(SIM_CXXFLAGS) -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) -shared -o $@ $< -Wl,-soname,libddpsim_nccl.so \
 	  -L$(SIM_LIBDIR) $(SIM_RPATH) -lddpsim_cudart $(LDFLAGS_ALL) $(MPI_LIBS) -lpthread
 
-# The GPU tests, unchanged, on the simulation.
-SIM_GPU_SRCS := $(wildcard tests/gpu/test_*.cpp) tests/gpu/main.cpp
+# The GPU tests, unchanged, on the simulation, and the faults only it can make.
+SIM_GPU_SRCS := $(wildcard tests/gpu/test_*.cpp) tests/gpu/main.cpp tests/gpusim/test_faults.cpp
 SIM_GPU_BIN  := $(BUILD)/tests/gpu_tests
 $(BUILD)/tests/gpu/%.o: tests/gpu/%.cpp
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) $(CXXFLAGS_ALL) $(SIM_INC) $(DOCTEST_CFLAGS) -Ilib -c $< -o $@
+$(BUILD)/tests/gpusim/%.o: tests/gpusim/%.cpp
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(CXXFLAGS_ALL) $(SIM_INC) $(DOCTEST_CFLAGS) -Ilib -Itests/gpu -c $< -o $@
 $(SIM_GPU_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(SIM_GPU_SRCS)) $(BUILD)/lib/libddp.a $(SIM_CUDART) $(SIM_NCCL)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) -o $@ $(filter %.o %.a,$^) $(LDFLAGS_ALL) $(LIB_LDLIBS)

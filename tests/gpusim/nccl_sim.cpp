@@ -235,6 +235,21 @@ struct Call {
   std::function<void(CommState&)> run;
 };
 
+std::atomic<int> g_fail{ncclSuccess};
+std::atomic<bool> g_stall{false};
+
+// The injected faults, where a collective starts running: true if it must not run.
+bool injected(CommState& st) {
+  if (g_fail != ncclSuccess) {
+    st.async = g_fail.load();
+    err(static_cast<ncclResult_t>(g_fail.load()), "injected failure of a collective");
+    return true;
+  }
+  if (!g_stall) return false;
+  while (!st.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return true;
+}
+
 thread_local int t_group_depth = 0;
 thread_local std::vector<Call> t_group;
 
@@ -253,7 +268,7 @@ ncclResult_t issue(Call c) {
       std::unique_lock<std::mutex> lock(st->mu);
       st->cv.wait(lock, [&] { return st->executed == seq || st->aborted; });
     }
-    if (!st->aborted && st->async == ncclSuccess) run(*st);
+    if (!st->aborted && st->async == ncclSuccess && !injected(*st)) run(*st);
     std::lock_guard<std::mutex> lock(st->mu);
     if (st->executed <= seq) st->executed = seq + 1;
     st->cv.notify_all();
@@ -411,6 +426,8 @@ namespace gpusim {
 void nccl_inject_async_error(ncclComm_t comm, ncclResult_t error) {
   if (comm && comm->st) comm->st->async = error;
 }
+void nccl_fail_collectives(ncclResult_t error) { g_fail = error; }
+void nccl_stall_collectives(bool stall) { g_stall = stall; }
 }  // namespace gpusim
 
 extern "C" {

@@ -29,6 +29,11 @@ int current_device();
 
 // Makes ncclCommGetAsyncError report `error` for `comm` from now on (tests of the error path).
 void nccl_inject_async_error(ncclComm_t comm, ncclResult_t error);
+// Fault injection for every communicator of the process, present and future: `error` != ncclSuccess
+// makes each collective fail with it when it runs (ncclCommGetAsyncError reports it after); `stall`
+// makes each collective wait, as for a peer that never arrives, until its communicator is aborted.
+void nccl_fail_collectives(ncclResult_t error);
+void nccl_stall_collectives(bool stall);
 
 }  // namespace gpusim
 }
