@@ -249,6 +249,11 @@ typedef struct ddp_config {
    * many bytes, and each piece is scaled and unpacked while it is still in cache. 0 (default) lets the
    * library choose (see docs/performance.md); otherwise at least 4096. Ignored on GPUs. */
   size_t host_piece_bytes;
+  /* Version 2. A bucket that has waited this many milliseconds for the other ranks is reported once,
+   * as a warning through the log callback (ddp_set_log_callback): which ranks have not arrived and
+   * where every rank that answers stands; the wait goes on until timeout_ms. 0 (default) is the
+   * library's choice, 60000 (one minute); a value >= timeout_ms never warns before the timeout. */
+  int64_t stall_warning_ms;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
@@ -274,7 +279,8 @@ typedef struct ddp_config {
         NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */    \
         0,                  /* check_finite: off */                                 \
         0,                  /* inplace_min_numel: the library's choice */           \
-        0                   /* host_piece_bytes: the library's choice */            \
+        0,                  /* host_piece_bytes: the library's choice */            \
+        0                   /* stall_warning_ms: the library's choice (60 s) */     \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -423,6 +429,23 @@ DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* in
 /* Destroys the context: waits for its work (bounded by timeout_ms), frees its buffers (arena views
  * become invalid) and its communicator duplicates. Accepts NULL. Not collective. */
 DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
+
+/* ------------------------------------------------------------------------------------------------
+ * Diagnostics. The library prints nothing unless something is wrong or it is asked to: warnings
+ * (a stalled collective, see stall_warning_ms) go to the log callback, by default to stderr. The
+ * environment variable DDP_DEBUG=INFO adds information: each context's plan when it is committed
+ * and, every DDP_DEBUG_EVERY iterations (default 100), a one-line summary; DDP_DEBUG=OFF silences
+ * the default's warnings too (the callback, if set, still gets them).
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum ddp_log_level { DDP_LOG_WARN = 1, DDP_LOG_INFO = 2 } ddp_log_level_t;
+
+/* A log callback: `message` is one line without a newline, valid during the call only. It may be
+ * called from any thread of the process, one call at a time, and must not call into libddp. */
+typedef void (*ddp_log_fn)(ddp_log_level_t level, const char* message, void* user);
+
+/* Sets the process-wide log callback and its `user` argument; NULL restores the default (stderr).
+ * With a callback set the library itself prints nothing. */
+DDP_API ddp_status_t ddp_set_log_callback(ddp_log_fn fn, void* user);
 
 #ifdef __cplusplus
 } /* extern "C" */

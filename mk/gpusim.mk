@@ -65,7 +65,7 @@ $(SIM_GPU_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(SIM_GPU_SRCS)) $(BUILD)/lib/libd
 
 # The multi-rank reduction suite over the simulated NCCL.
 SIM_MPI_BIN := $(BUILD)/tests/mpi_nccl
-$(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp $(BUILD)/lib/libddp.so.$(MAJOR)
+$(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp $(BUILD)/lib/libddp.so
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(SIM_INC) -DDDP_TEST_NCCL=1 -DOMPI_SKIP_MPICXX=1 \
@@ -74,7 +74,7 @@ $(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp $(BUILD)/lib/li
 
 # The example trainer's CUDA variant.
 SIM_DEMO_BIN := $(BUILD)/examples/mlp_trainer_gpusim
-$(SIM_DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
+$(SIM_DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -std=c99 -Wall -Wextra -Iinclude $(SIM_INC) -DDDP_EXAMPLE_CUDA -O2 $< -o $@ -L$(BUILD)/lib -lddp \

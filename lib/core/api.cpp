@@ -9,6 +9,7 @@
 #include "ddp.h"
 #include "core/handles.hpp"
 #include "core/comms.hpp"
+#include "core/log.hpp"
 
 using namespace ddp;
 
@@ -307,6 +308,10 @@ ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* g
 
 ddp_status_t ddp_destroy(ddp_t d) {
   return guard(__func__, [&] { delete d; });
+}
+
+ddp_status_t ddp_set_log_callback(ddp_log_fn fn, void* user) {
+  return guard(__func__, [&] { set_log_callback(fn, user); });
 }
 
 }  // extern "C"

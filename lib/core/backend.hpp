@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,9 @@ class Stream {
   virtual bool runs_inline() const = 0;
   // How long (ms, 0: forever) one task may stay blocked in a collective before drain gives up on it.
   virtual void set_task_timeout(int64_t ms) {}
+  // The stall warning: drain calls `warn` (without holding the stream's locks) once for each task
+  // (host) or each drain (GPU) still waiting after `ms` (0: never), and goes on waiting.
+  virtual void set_stall_warning(int64_t ms, std::function<void()> warn) {}
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native() = 0;
   // Rethrows (and clears) the first error a task raised, without waiting.
@@ -118,6 +122,27 @@ struct Reduction {
   double factor = 1.0;
 };
 
+// Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, and its
+// buckets of that iteration. Fixed size, so that ranks can send it to each other as bytes.
+enum class Call : int32_t { Idle = 0, Commit, Backward, Finish, ReduceAll, Broadcast, Destroyed };
+struct Position {
+  int64_t iteration = -1;  // -1: the rank did not answer
+  int32_t call = 0;
+  int32_t launched = 0, done = 0, buckets = 0;
+};
+static_assert(sizeof(Position) == 24, "Position travels as 24 bytes");
+
+// Asks every rank of a communicator where it stands, never blocking on one that does not answer.
+// Made collectively (Comm::make_prober); each rank's prober answers the others in the background,
+// from `mine`, until it is destroyed.
+class Prober {
+ public:
+  virtual ~Prober() = default;
+  // Every rank's position, this rank's included; a rank without an answer within wait_ms has
+  // iteration -1.
+  virtual std::vector<Position> ask(int64_t wait_ms) = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -154,6 +179,10 @@ class Comm {
   // The control path: small synchronous collectives on host memory (agreement, plan broadcast).
   virtual void allgather_host(const void* in, void* out, size_t bytes_per_rank, Deadline dl) = 0;
   virtual void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) = 0;
+
+  // A prober over the same ranks (collective), or nullptr where positions cannot be exchanged
+  // without risking a hang (then a timeout names only this rank's own position).
+  virtual std::unique_ptr<Prober> make_prober(std::function<Position()> mine) { return nullptr; }
 
   // Memory the communicator holds for its collectives (the host ring's receive buffer), counted in
   // ddp_stats_t.library_bytes. Read from any thread.

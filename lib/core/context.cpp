@@ -17,6 +17,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   ctrl_ = comm.dup();
   // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
   agree_config(*ctrl_, cfg_, deadline());
+  prober_ = comm.make_prober([this] { return position(); });
   bcast_ = comm.dup();
   if (cfg_.stream_comms.empty()) {
     for (int i = 0; i < cfg_.c.num_streams; ++i) {
@@ -29,9 +30,14 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   device_ = comm.make_device();
   for (int i = 0; i < cfg_.c.num_streams; ++i) streams_.push_back(device_->make_stream(i));
   if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_));
+  stall_ms_ = cfg_.c.stall_warning_ms > 0 ? cfg_.c.stall_warning_ms : 60000;
+  if (cfg_.c.timeout_ms > 0 && stall_ms_ >= cfg_.c.timeout_ms) stall_ms_ = 0;  // the timeout comes first
+  for (int i = 0; i < cfg_.c.num_streams; ++i)
+    streams_[static_cast<size_t>(i)]->set_stall_warning(stall_ms_, [this, i] { stall_warning(i); });
 }
 
 Context::~Context() {
+  set_call(Call::Destroyed);
   // Destroyed in the middle of a backward pass: the launched buckets may be waiting for peers that
   // will never match them. Abort first, so that they (and the peers, where the engine allows) stop.
   // Borrowed stream communicators (config.stream_comms) are the caller's and are left alone.
@@ -105,6 +111,13 @@ void Context::commit() {
 
 void Context::commit_locked() {
   if (state_ != State::Open) return;
+  const int32_t before = counters_.call.load(std::memory_order_relaxed);
+  struct Restore {
+    Context* c;
+    int32_t call;
+    ~Restore() { c->counters_.call.store(call, std::memory_order_relaxed); }
+  } restore{this, before};
+  set_call(Call::Commit);
   try {
     agree_registration(*ctrl_, specs_, deadline());
     ReducerEnv env;
@@ -127,6 +140,7 @@ void Context::commit_locked() {
     learner_.reset(specs_.size());
     scratch_unused_.reserve(specs_.size());
     state_ = State::Idle;
+    log_plan();
   } catch (const Error& e) {
     abort(e);  // ranks disagree or a buffer could not be had: nothing sensible can follow
     throw;

@@ -52,8 +52,16 @@ class Context {
   void learn_plan();
   void wait_buckets(void* stream);
   // Runs `fn`; a fatal error (timeout, failed collective) aborts the context before it propagates.
+  // A timeout's message gets the stall inspector's picture first.
   template <class F>
   void fatal_on_error(F&& fn);
+  // The stall inspector: where every rank stands, as text for a timeout or a stall warning.
+  Position position() const;
+  std::string picture(int64_t wait_ms);
+  void stall_warning(int stream);
+  void set_call(Call c) { counters_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
+  void log_plan();
+  void log_summary();
   const Plan& committed_plan();
   void abort(const Error& e);
 
@@ -86,6 +94,8 @@ class Context {
   void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
   UnusedReport unused_report_;
+  int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
+  std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
 };
 
 template <class F>
@@ -97,6 +107,11 @@ void Context::fatal_on_error(F&& fn) {
       case DDP_ERR_INVALID_ARGUMENT:
       case DDP_ERR_INVALID_STATE:
       case DDP_ERR_UNSUPPORTED: break;  // the call was refused; the context is intact
+      case DDP_ERR_TIMEOUT: {
+        Error told(e.status(), e.what() + picture(500));
+        abort(told);
+        throw told;
+      }
       default: abort(e);
     }
     throw;

@@ -19,6 +19,8 @@ void Context::begin_backward(void* stream) {
   user_stream_ = stream;
   begin_ns_ = now_ns();
   state_ = State::InBackward;
+  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  set_call(Call::Backward);
 }
 
 void Context::grad_ready(int index, void* grad) {
@@ -78,7 +80,12 @@ void Context::finish_backward(void* stream) {
   if (state_ != State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "no backward pass in progress (call ddp_begin_backward first)");
   state_ = State::Idle;
+  struct Leave {
+    Context* c;
+    ~Leave() { c->set_call(Call::Idle); }
+  } leave{this};
   if (!iteration_synced_) return;  // no_sync: grads only accumulated locally
+  set_call(Call::Finish);
   std::string unused_text;
   fatal_on_error([&] {
     if (learning_) {
@@ -97,6 +104,7 @@ void Context::finish_backward(void* stream) {
     timeline_->iteration(iterations_ - 1, begin_ns_, now_ns());
     timeline_->flush();
   }
+  log_summary();
   if (!unused_text.empty())
     fail(DDP_ERR_INVALID_STATE,
          "grads never marked ready in this iteration (reduced as zeros): %s. Mark every "
@@ -116,6 +124,12 @@ void Context::reduce_all(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  struct Leave {
+    Context* c;
+    ~Leave() { c->set_call(Call::Idle); }
+  } leave{this};
+  set_call(Call::ReduceAll);
+  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   fatal_on_error([&] {
     commit_locked();
     reducer_->begin(stream, iterations_);

@@ -127,6 +127,46 @@ void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
   env_.device->release(old_arena);
 }
 
+// Bucket b's runtime: its wire type, pieces and factors, and which grads are packed or in place.
+std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vector<void*>& ptrs) const {
+  const Bucket& bk = plan_.buckets[b];
+  std::unique_ptr<BucketRt> r(new BucketRt());
+  r->task.reducer = const_cast<Reducer*>(this);
+  r->task.bucket = static_cast<int>(b);
+  r->size = static_cast<int>(bk.grads.size());
+  Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
+  r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
+  r->piece = c.piece_elems(r->wire, env_.piece_bytes);
+  r->red = red_;
+  r->pre = pre_;
+  r->post = post_;
+  // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
+  // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
+  // rounding per element, as apex's pre-division is.
+  if (red_.op == RedOp::PreMulSum && is_16bit(r->wire) && !exact_in(r->wire, red_.factor)) {
+    r->red = Reduction{RedOp::Sum, 1.0};
+    r->pre = red_.factor;
+  }
+  // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
+  // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
+  const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
+  const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0;
+  for (size_t s = 0; s < bk.grads.size(); ++s) {
+    size_t g = static_cast<size_t>(bk.grads[s]);
+    const size_t n = specs_[g].numel;
+    if (may_direct && n >= inplace) {
+      r->direct.segs.push_back(Segment{ptrs[g], 0, n, 0});
+      r->where.emplace_back(&r->direct, r->direct.segs.size() - 1);
+    } else {
+      r->packed.segs.push_back(Segment{ptrs[g], r->packed_numel, n, 0});
+      r->where.emplace_back(&r->packed, r->packed.segs.size() - 1);
+      r->packed_numel += n;
+    }
+  }
+  if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
+  return r;
+}
+
 void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   const size_t nb = plan_.buckets.size();
   const int ns = static_cast<int>(env_.streams.size());
@@ -134,40 +174,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   rt_.clear();
   for (size_t b = 0; b < nb; ++b) {
     const Bucket& bk = plan_.buckets[b];
-    std::unique_ptr<BucketRt> r(new BucketRt());
-    r->task.reducer = this;
-    r->task.bucket = static_cast<int>(b);
-    r->size = static_cast<int>(bk.grads.size());
-    Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
-    r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
-    r->piece = c.piece_elems(r->wire, env_.piece_bytes);
-    r->red = red_;
-    r->pre = pre_;
-    r->post = post_;
-    // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
-    // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
-    // rounding per element, as apex's pre-division is.
-    if (red_.op == RedOp::PreMulSum && is_16bit(r->wire) && !exact_in(r->wire, red_.factor)) {
-      r->red = Reduction{RedOp::Sum, 1.0};
-      r->pre = red_.factor;
-    }
-    // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
-    // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
-    const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
-    const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0;
-    for (size_t s = 0; s < bk.grads.size(); ++s) {
-      size_t g = static_cast<size_t>(bk.grads[s]);
-      const size_t n = specs_[g].numel;
-      if (may_direct && n >= inplace) {
-        r->direct.segs.push_back(Segment{ptrs[g], 0, n, 0});
-        r->where.emplace_back(&r->direct, r->direct.segs.size() - 1);
-      } else {
-        r->packed.segs.push_back(Segment{ptrs[g], r->packed_numel, n, 0});
-        r->where.emplace_back(&r->packed, r->packed.segs.size() - 1);
-        r->packed_numel += n;
-      }
-    }
-    if (env_.arena) r->base = static_cast<char*>(ptrs[static_cast<size_t>(bk.grads[0])]);
+    std::unique_ptr<BucketRt> r = make_bucket(b, ptrs);
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
@@ -233,6 +240,9 @@ void Reducer::begin(void* user_stream, uint64_t iteration) {
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& r : rt_) r->ready = 0;
   next_ = 0;
+  env_.counters->launched.store(0, std::memory_order_relaxed);
+  env_.counters->done.store(0, std::memory_order_relaxed);
+  env_.counters->buckets.store(static_cast<int32_t>(rt_.size()), std::memory_order_relaxed);
   user_stream_ = user_stream;
   iteration_ = iteration;
 }
@@ -283,6 +293,7 @@ void Reducer::launch_ready_in_order() {
   while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) ++next_;
   // Buckets that become ready together go to NCCL as one group (ncclGroupStart/End): one launch of
   // all their collectives. Host streams run each bucket whole on its worker instead.
+  env_.counters->launched.store(next_, std::memory_order_relaxed);
   if (next_ - first >= 2 && can_group_) {
     launch_grouped(first, next_);
     return;
@@ -428,6 +439,7 @@ void Reducer::account(int b) {
   const uint64_t t1 = now_ns();
   Counters& k = *env_.counters;
   k.buckets_reduced.fetch_add(1, std::memory_order_relaxed);
+  k.done.fetch_add(1, std::memory_order_relaxed);
   k.bytes_reduced.fetch_add(bytes, std::memory_order_relaxed);
   if (!stream_of(b).runs_inline()) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
   if (env_.timeline)

@@ -21,6 +21,10 @@ struct Counters {
   std::atomic<uint64_t> bytes_reduced{0};
   std::atomic<uint64_t> comm_time_ns{0};
   std::atomic<uint64_t> nonfinite_buckets{0};
+  // Progress of the iteration in progress, read by the stall inspector from another thread.
+  std::atomic<int64_t> iteration{0};
+  std::atomic<int32_t> call{0};  // Call
+  std::atomic<int32_t> launched{0}, done{0}, buckets{0};
 };
 
 // What a reducer needs from its context: settings and the backend objects, all owned elsewhere.
@@ -83,6 +87,9 @@ class Reducer {
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
   Dtype wire(int b) const;
+  // Where stream `stream` stands: "iteration I, bucket b of n (stream s): " for its first launched
+  // bucket that has not finished.
+  std::string stuck(int stream) const;
 
  private:
   struct BucketTask;
@@ -114,7 +121,6 @@ class Reducer {
   void scan_packed(int b, Span span, size_t* cursor);
   void account(int b);
   std::string where(int b) const;
-  std::string stuck(int stream) const;
   void set_zero(int g, bool zero);
 
   ReducerEnv env_;
@@ -125,6 +131,7 @@ class Reducer {
   std::vector<char> zero_;      // per grad, as the tables have it
   std::vector<void*> staging_;  // per stream (copy layout, and 16-bit arena buckets)
   void* staging(int b) const;   // bucket b's range of its stream's staging buffer
+  std::unique_ptr<BucketRt> make_bucket(size_t b, const std::vector<void*>& ptrs) const;
   uint64_t staging_bytes_ = 0;
   char* arena_ = nullptr;  // arena layout: every bucket's storage, bucket after bucket
   uint64_t arena_bytes_ = 0;

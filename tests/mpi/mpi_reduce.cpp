@@ -275,7 +275,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     // Every rank holds bitwise the same reduced grads (or the replicas would drift apart).
     uint64_t h = 0;
     for (Grad& g : grads)
-      for (char c : grad_read(where(g, which), g.bytes())) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      for (char byte : grad_read(where(g, which), g.bytes()))
+        h = (h ^ static_cast<unsigned char>(byte)) * 1099511628211ull;
     std::vector<uint64_t> hs(static_cast<size_t>(g_world));
     MPI_Allgather(&h, 1, MPI_UINT64_T, hs.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
     for (int r = 0; r < g_world; ++r)

@@ -46,7 +46,7 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
                    :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
-                   :ddp_get_bucket, :ddp_destroy)
+                   :ddp_get_bucket, :ddp_destroy, :ddp_set_log_callback)
 
 # LIBDDP_PATH (a file or a directory) first; then the library `make` built in the repository this
 # package lives in (Pkg.develop(path="bindings/julia")); then the system's search path.
@@ -100,6 +100,7 @@ mutable struct Config
     check_finite::Cint
     inplace_min_numel::Csize_t
     host_piece_bytes::Csize_t  # version 2
+    stall_warning_ms::Int64    # version 2
     Config() = new()
 end
 

@@ -27,7 +27,31 @@ def status_string(status):
     return _lib.lib.ddp_status_string(status).decode()
 
 
+LOG_WARN = _lib.DDP_LOG_WARN
+LOG_INFO = _lib.DDP_LOG_INFO
+_log_callback = None  # the ctypes thunk must outlive its registration
+
+
+def set_log_callback(fn):
+    """Routes libddp's log (stall warnings; with DDP_DEBUG=INFO, the plan and summaries) to
+    fn(level, message), level LOG_WARN or LOG_INFO, instead of stderr; None restores stderr. fn is
+    called from libddp's threads; an exception it raises is printed and dropped."""
+    global _log_callback
+    if fn is None:
+        thunk = _lib.ddp_log_fn()
+    else:
+        def call(level, message, _user):
+            try:
+                fn(level, message.decode("utf-8", "replace"))
+            except Exception:  # nothing may unwind into C
+                import traceback
+                traceback.print_exc()
+        thunk = _lib.ddp_log_fn(call)
+    _lib.lib.ddp_set_log_callback(thunk, None)
+    _log_callback = thunk if fn is not None else None
+
+
 __all__ = ["Comm", "LocalGroup", "DDP", "DDPError", "InvalidArgumentError", "InvalidStateError", "MismatchError",
            "OutOfMemoryError", "UnsupportedError", "CudaError", "NcclError", "MpiError", "DDPTimeoutError",
            "AbortedError", "InternalError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
-           "version", "status_string", "library_path"]
+           "version", "status_string", "library_path", "set_log_callback", "LOG_WARN", "LOG_INFO"]

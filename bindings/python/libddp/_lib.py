@@ -59,6 +59,7 @@ class ddp_config_t(ctypes.Structure):
         ("check_finite", ctypes.c_int),
         ("inplace_min_numel", ctypes.c_size_t),
         ("host_piece_bytes", ctypes.c_size_t),  # version 2
+        ("stall_warning_ms", ctypes.c_int64),  # version 2
     ]
 
 
@@ -107,6 +108,11 @@ _P = ctypes.POINTER
 _vp = ctypes.c_void_p
 _int = ctypes.c_int
 
+# ddp_log_fn: (level, message, user).
+ddp_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+DDP_LOG_WARN = 1
+DDP_LOG_INFO = 2
+
 # name -> (restype, [argtypes]); the header's order.
 FUNCTIONS = {
     "ddp_status_string": (ctypes.c_char_p, [ctypes.c_int]),
@@ -143,6 +149,7 @@ FUNCTIONS = {
     "ddp_get_plan": (ddp_status_t, [ddp_t, _P(_int), _P(_int)]),
     "ddp_get_bucket": (ddp_status_t, [ddp_t, _int, _P(ddp_bucket_info_t), _P(_int), ctypes.c_size_t]),
     "ddp_destroy": (ddp_status_t, [ddp_t]),
+    "ddp_set_log_callback": (ddp_status_t, [ddp_log_fn, _vp]),
 }
 
 

@@ -18,6 +18,7 @@ C_TYPES = {
     "ddp_comm_t": L.ddp_comm_t, "ddp_comm_t*": P(L.ddp_comm_t), "const ddp_comm_t*": P(L.ddp_comm_t),
     "ddp_local_group_t": L.ddp_local_group_t, "ddp_local_group_t*": P(L.ddp_local_group_t),
     "ddp_t": L.ddp_t, "ddp_t*": P(L.ddp_t),
+    "ddp_log_fn": L.ddp_log_fn,
 }
 for _name, _cls in L.STRUCTS.items():
     C_TYPES[_name + "*"] = P(_cls)

@@ -114,8 +114,14 @@ void CudaStream::poll_error() {
 
 void CudaStream::drain(Deadline deadline) {
   DeviceGuard g(device_);
+  const Deadline warn_at = Deadline::after_ms(stall_ms_);
+  bool warned = stall_ms_ <= 0 || !stall_warn_;
   for (unsigned spin = 0; !idle(); ++spin) {
     if (deadline.passed()) fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
+    if (!warned && warn_at.passed()) {
+      warned = true;
+      stall_warn_();
+    }
     if (spin < 64)
       sched_yield();
     else

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <exception>
+#include <functional>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -60,6 +61,10 @@ class CudaStream final : public Stream {
   void* native() override { return stream_; }
   void poll_error() override;
   void cancel() override { cancelled_ = true; }
+  void set_stall_warning(int64_t ms, std::function<void()> warn) override {
+    stall_ms_ = ms;
+    stall_warn_ = std::move(warn);
+  }
 
   cudaStream_t stream() const { return stream_; }
   // The user's stream -> this stream, and back (one event each, reused: recording again is safe
@@ -81,6 +86,8 @@ class CudaStream final : public Stream {
   std::vector<AsyncErrorSource*> sources_;
   Deadline pending_;  // the latest deadline of enqueued collectives
   bool has_pending_ = false;
+  int64_t stall_ms_ = 0;
+  std::function<void()> stall_warn_;
 };
 
 class CudaDevice final : public Device {

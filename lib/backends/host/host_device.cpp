@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -27,6 +28,9 @@ struct WorkerState {
   bool abandoned = false;  // written off: it parks when its call returns
   std::chrono::steady_clock::time_point task_start;
   int64_t task_timeout_ms = 0;
+  int64_t stall_ms = 0;  // the stall warning (0: none)
+  std::function<void()> stall_warn;
+  uint64_t warned_task = UINT64_MAX;  // `finished` when the running task was warned about
   std::exception_ptr error;
   std::shared_ptr<std::atomic<bool>> device_abandoned;
 };
@@ -119,6 +123,11 @@ class HostStream final : public Stream {
     std::lock_guard<std::mutex> lock(st_->mu);
     st_->task_timeout_ms = ms;
   }
+  void set_stall_warning(int64_t ms, std::function<void()> warn) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->stall_ms = ms;
+    st_->stall_warn = std::move(warn);
+  }
   void* native() override { return nullptr; }
   void cancel() override {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -162,11 +171,22 @@ void HostStream::drain(Deadline deadline) {
     if (!deadline.infinite()) until = deadline.at();
     const bool bounded = w.task_timeout_ms > 0 && w.running;
     if (bounded) until = std::min(until, w.task_start + std::chrono::milliseconds(w.task_timeout_ms));
+    const bool warn = w.stall_ms > 0 && w.running && w.warned_task != w.finished && w.stall_warn;
+    const auto warn_at = w.task_start + std::chrono::milliseconds(w.stall_ms);
+    if (warn) until = std::min(until, warn_at);
     if (until == Deadline::Clock::time_point::max()) {
       w.done_cv.wait(lock);
       continue;
     }
     if (w.done_cv.wait_until(lock, until) != std::cv_status::timeout) continue;
+    if (warn && Deadline::Clock::now() >= warn_at && w.running && w.warned_task != w.finished) {
+      w.warned_task = w.finished;  // once per task
+      std::function<void()> cb = w.stall_warn;
+      lock.unlock();
+      cb();
+      lock.lock();
+      continue;
+    }
     if (deadline.passed()) fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
     if (bounded && w.blocked) {
       abandon();

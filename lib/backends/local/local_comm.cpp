@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -32,6 +33,37 @@ struct Channel {
   std::vector<std::vector<char>> data;  // per rank: what it posted (grown once, then reused)
 };
 
+// The stall inspector's board for one communicator: each rank's position source, while it lives.
+// Ranks are threads of one process, so asking is reading the board: nothing can hang.
+struct Board {
+  explicit Board(int n) : mine(static_cast<size_t>(n)) {}
+  std::mutex mu;
+  std::vector<std::function<Position()>> mine;  // empty: that rank's context is gone (or not made)
+};
+
+class LocalProber final : public Prober {
+ public:
+  LocalProber(std::shared_ptr<Board> b, int rank, std::function<Position()> mine) : board_(std::move(b)), rank_(rank) {
+    std::lock_guard<std::mutex> lock(board_->mu);
+    board_->mine[static_cast<size_t>(rank_)] = std::move(mine);
+  }
+  ~LocalProber() override {
+    std::lock_guard<std::mutex> lock(board_->mu);
+    board_->mine[static_cast<size_t>(rank_)] = nullptr;
+  }
+  std::vector<Position> ask(int64_t) override {
+    std::lock_guard<std::mutex> lock(board_->mu);
+    std::vector<Position> out(board_->mine.size());
+    for (size_t r = 0; r < out.size(); ++r)
+      if (board_->mine[r]) out[r] = board_->mine[r]();
+    return out;
+  }
+
+ private:
+  std::shared_ptr<Board> board_;
+  int rank_;
+};
+
 }  // namespace
 
 class LocalGroup {
@@ -47,6 +79,12 @@ class LocalGroup {
     if (!c) c = std::make_shared<Channel>(n_);
     return c;
   }
+  std::shared_ptr<Board> board(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& b = boards_[key];
+    if (!b) b = std::make_shared<Board>(n_);
+    return b;
+  }
   // The key of rank `rank`'s next communicator made straight from the group.
   std::string next_root_key(int rank) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -57,6 +95,7 @@ class LocalGroup {
   int n_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Channel>> channels_;
+  std::map<std::string, std::shared_ptr<Board>> boards_;
   std::vector<uint64_t> made_;
 };
 
@@ -77,6 +116,10 @@ class LocalComm final : public Comm {
     return std::unique_ptr<Comm>(new LocalComm(group_, rank_, key_ + "/" + std::to_string(++dups_)));
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
+  std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
+    return std::unique_ptr<Prober>(
+        new LocalProber(group_->board(key_ + "/probe" + std::to_string(++probers_)), rank_, std::move(mine)));
+  }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum; }
   // Pieces as on MPI, so that in-process tests run the same pipeline.
@@ -175,6 +218,7 @@ class LocalComm final : public Comm {
   int rank_;
   std::string key_;
   std::atomic<uint64_t> dups_{0};
+  std::atomic<uint64_t> probers_{0};
   std::shared_ptr<Channel> channel_;
   size_t piece_bytes_ = host::piece_bytes();
 };

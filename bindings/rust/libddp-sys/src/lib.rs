@@ -7,6 +7,10 @@ pub type ddp_status_t = c_int;
 pub type ddp_dtype_t = c_int;
 
 pub const DDP_SUCCESS: ddp_status_t = 0;
+pub const DDP_LOG_WARN: c_int = 1;
+pub const DDP_LOG_INFO: c_int = 2;
+/// ddp_log_fn: (level, message, user); None restores the library's default (stderr).
+pub type ddp_log_fn = Option<unsafe extern "C" fn(level: c_int, message: *const c_char, user: *mut c_void)>;
 pub const DDP_ERR_INVALID_ARGUMENT: ddp_status_t = 1;
 pub const DDP_ERR_INVALID_STATE: ddp_status_t = 2;
 pub const DDP_ERR_MISMATCH: ddp_status_t = 3;
@@ -84,6 +88,7 @@ pub struct ddp_config_t {
     pub inplace_min_numel: usize,
     // version 2
     pub host_piece_bytes: usize,
+    pub stall_warning_ms: i64,
 }
 
 #[repr(C)]
@@ -155,4 +160,5 @@ extern "C" {
     pub fn ddp_get_bucket(ddp: ddp_t, bucket: c_int, info: *mut ddp_bucket_info_t, grads: *mut c_int,
                           capacity: usize) -> ddp_status_t;
     pub fn ddp_destroy(ddp: ddp_t) -> ddp_status_t;
+    pub fn ddp_set_log_callback(log: ddp_log_fn, user: *mut c_void) -> ddp_status_t;
 }

@@ -137,6 +137,8 @@ pub struct Config {
     pub inplace_min_numel: usize,
     /// Host memory: bytes per collective piece; 0 lets the library choose, else at least 4096.
     pub host_piece_bytes: usize,
+    /// Warn (through the log callback) when a bucket has waited this long; 0: the library's 60 s.
+    pub stall_warning_ms: i64,
 }
 
 impl Default for Config {
@@ -156,6 +158,7 @@ impl Default for Config {
             check_finite: false,
             inplace_min_numel: 0,
             host_piece_bytes: 0,
+            stall_warning_ms: 0,
         }
     }
 }
@@ -187,6 +190,7 @@ impl<'g> Ddp<'g> {
         c.check_finite = config.check_finite as c_int;
         c.inplace_min_numel = config.inplace_min_numel;
         c.host_piece_bytes = config.host_piece_bytes;
+        c.stall_warning_ms = config.stall_warning_ms;
         let path = match &config.timeline_path {
             Some(p) => Some(CString::new(p.as_str()).map_err(|_| Error {
                 status: sys::DDP_ERR_INVALID_ARGUMENT,

@@ -1,0 +1,110 @@
+// The stall inspector's side of the context: this rank's position, the picture of every rank's
+// (gathered by the communicator's prober, which never waits on a rank that does not answer), the
+// stall warning, and the plan and summaries DDP_DEBUG=INFO asks for.
+#include "core/context.hpp"
+#include "core/log.hpp"
+
+namespace ddp {
+
+namespace {
+
+const char* call_text(int32_t c) {
+  switch (static_cast<Call>(c)) {
+    case Call::Idle: return "between calls";
+    case Call::Commit: return "in ddp_commit";
+    case Call::Backward: return "in backward (before ddp_finish_backward)";
+    case Call::Finish: return "in ddp_finish_backward";
+    case Call::ReduceAll: return "in ddp_reduce_all";
+    case Call::Broadcast: return "in ddp_broadcast";
+    case Call::Destroyed: return "in ddp_destroy";
+  }
+  return "in an unknown call";
+}
+
+std::string describe(const Position& p) {
+  if (p.iteration < 0) return "no answer";
+  return format("iteration %lld, %s, %d of %d buckets launched, %d reduced", static_cast<long long>(p.iteration),
+                call_text(p.call), p.launched, p.buckets, p.done);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+Position Context::position() const {
+  Position p;
+  p.iteration = counters_.iteration.load(std::memory_order_relaxed);
+  p.call = counters_.call.load(std::memory_order_relaxed);
+  p.launched = counters_.launched.load(std::memory_order_relaxed);
+  p.done = counters_.done.load(std::memory_order_relaxed);
+  p.buckets = counters_.buckets.load(std::memory_order_relaxed);
+  return p;
+}
+
+// "; no answer from rank 3 (...); behind this rank: rank 1. Ranks: 0 (this rank): ...; 1: ...": the
+// ranks that did not answer within wait_ms, the ones that are behind this one, and everyone's position.
+std::string Context::picture(int64_t wait_ms) {
+  if (world_ == 1) return "";
+  if (!prober_)
+    return "; where the other ranks are is not known (this communicator cannot ask them without risking a hang)";
+  std::vector<Position> all = prober_->ask(wait_ms);
+  const Position me = all[static_cast<size_t>(rank_)];
+  std::vector<int> missing, behind;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const Position& p = all[static_cast<size_t>(r)];
+    if (p.iteration < 0)
+      missing.push_back(r);
+    else if (p.iteration < me.iteration || (p.iteration == me.iteration && p.launched < me.launched))
+      behind.push_back(r);
+  }
+  std::string s;
+  if (!missing.empty())
+    s += "; no answer from " + rank_list(missing) + " (dead, or stuck where it cannot answer)";
+  if (!behind.empty()) s += "; behind this rank: " + rank_list(behind);
+  if (missing.empty() && behind.empty()) s += "; every rank answered and none is behind this one";
+  s += ". Ranks:";
+  for (int r = 0; r < world_; ++r)
+    s += format("%s %d%s: %s", r ? ";" : "", r, r == rank_ ? " (this rank)" : "",
+                describe(all[static_cast<size_t>(r)]).c_str());
+  return s;
+}
+
+void Context::stall_warning(int stream) {
+  if (!log_enabled(DDP_LOG_WARN)) return;
+  const std::string where = reducer_ ? reducer_->stuck(stream) : format("stream %d: ", stream);
+  const std::string pic = picture(500);
+  log(DDP_LOG_WARN,
+      "rank %d: %shas waited %lld ms for the other ranks (stall_warning_ms), and goes on waiting until "
+      "timeout_ms (%lld ms)%s",
+      rank_, where.c_str(), static_cast<long long>(stall_ms_), static_cast<long long>(cfg_.c.timeout_ms), pic.c_str());
+}
+
+void Context::log_plan() {
+  if (!log_enabled(DDP_LOG_INFO) || !reducer_) return;
+  const Plan& p = reducer_->plan();
+  log(DDP_LOG_INFO, "rank %d: plan of %zu grads in %zu buckets (%s, %s layout)", rank_, specs_.size(),
+      p.buckets.size(), p.learned ? "learned" : cfg_.learned() ? "registration order until learned" : "registration",
+      cfg_.arena() ? "arena" : "copy");
+  for (size_t b = 0; b < p.buckets.size(); ++b) {
+    const Bucket& bk = p.buckets[b];
+    log(DDP_LOG_INFO, "rank %d:   bucket %zu: %zu grads, %zu elements of %s (wire %s), stream %d", rank_, b,
+        bk.grads.size(), bk.numel, dtype_name(bk.dtype), dtype_name(reducer_->wire(static_cast<int>(b))), bk.stream);
+  }
+}
+
+void Context::log_summary() {
+  if (!log_enabled(DDP_LOG_INFO) || iterations_ % log_summary_every() != 0) return;
+  log(DDP_LOG_INFO,
+      "rank %d: iteration %llu: %llu buckets and %.1f MB reduced so far; exposed communication %.2f ms in the last "
+      "iteration, %.2f ms per iteration on average",
+      rank_, static_cast<unsigned long long>(iterations_),
+      static_cast<unsigned long long>(counters_.buckets_reduced.load()), counters_.bytes_reduced.load() / 1e6,
+      last_exposed_ns_ / 1e6, iterations_ ? exposed_ns_ / 1e6 / static_cast<double>(iterations_) : 0.0);
+}
+
+}  // namespace ddp
