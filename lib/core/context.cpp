@@ -186,6 +186,13 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
     if (counts[i] > 0 && !buffers[i]) fail(DDP_ERR_INVALID_ARGUMENT, "buffers[%d] is NULL", i);
     if (counts[i] > SIZE_MAX / 16) fail(DDP_ERR_INVALID_ARGUMENT, "counts[%d] is too large", i);
   }
+  const int32_t before = counters_.call.load(std::memory_order_relaxed);
+  struct Restore {
+    Context* c;
+    int32_t call;
+    ~Restore() { c->counters_.call.store(call, std::memory_order_relaxed); }
+  } restore{this, before};
+  set_call(Call::Broadcast);
   fatal_on_error([&] {
     for (int i = 0; i < n; ++i)
       if (counts[i])

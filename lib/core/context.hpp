@@ -95,6 +95,7 @@ class Context {
   std::vector<int> scratch_unused_;
   UnusedReport unused_report_;
   int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
+  int64_t warned_iteration_ = -1;   // the iteration whose stall was reported (once per wait)
   std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
 };
 

@@ -63,8 +63,7 @@ std::string Context::picture(int64_t wait_ms) {
       behind.push_back(r);
   }
   std::string s;
-  if (!missing.empty())
-    s += "; no answer from " + rank_list(missing) + " (dead, or stuck where it cannot answer)";
+  if (!missing.empty()) s += "; no answer from " + rank_list(missing) + " (dead, or stuck where it cannot answer)";
   if (!behind.empty()) s += "; behind this rank: " + rank_list(behind);
   if (missing.empty() && behind.empty()) s += "; every rank answered and none is behind this one";
   s += ". Ranks:";
@@ -74,8 +73,12 @@ std::string Context::picture(int64_t wait_ms) {
   return s;
 }
 
+// Once per wait: every stream's waiting bucket would report the same stall.
 void Context::stall_warning(int stream) {
   if (!log_enabled(DDP_LOG_WARN)) return;
+  const int64_t it = counters_.iteration.load(std::memory_order_relaxed);
+  if (warned_iteration_ == it) return;
+  warned_iteration_ = it;
   const std::string where = reducer_ ? reducer_->stuck(stream) : format("stream %d: ", stream);
   const std::string pic = picture(500);
   log(DDP_LOG_WARN,
@@ -87,8 +90,10 @@ void Context::stall_warning(int stream) {
 void Context::log_plan() {
   if (!log_enabled(DDP_LOG_INFO) || !reducer_) return;
   const Plan& p = reducer_->plan();
-  log(DDP_LOG_INFO, "rank %d: plan of %zu grads in %zu buckets (%s, %s layout)", rank_, specs_.size(),
-      p.buckets.size(), p.learned ? "learned" : cfg_.learned() ? "registration order until learned" : "registration",
+  log(DDP_LOG_INFO, "rank %d: plan of %zu grads in %zu buckets (%s, %s layout)", rank_, specs_.size(), p.buckets.size(),
+      p.learned        ? "learned"
+      : cfg_.learned() ? "registration order until learned"
+                       : "registration",
       cfg_.arena() ? "arena" : "copy");
   for (size_t b = 0; b < p.buckets.size(); ++b) {
     const Bucket& bk = p.buckets[b];

@@ -12,6 +12,12 @@
 //   blocked    the last rank SIGKILLs itself while the others' workers sit in a blocking collective
 //              with it (run with --enable-recovery): the survivors' finish keeps the deadline, the
 //              worker is left behind, and destroy and exit() do not wait for it
+//   inspect-kill, inspect-stall, inspect-skip, inspect-slow
+//              the stall inspector: the last rank is killed, stalls past the timeout, issues a
+//              different collective (ddp_broadcast instead of its grads), or is slow but within the
+//              timeout. Every survivor's timeout message names exactly that rank (no answer, or
+//              behind) and where the others are; the stall warning reaches the log callback once, at
+//              stall_warning_ms, with the same picture; the slow rank causes a warning and no error
 //
 // Every check prints one line "RESULT <check> ok|FAIL <detail>" (from every surviving rank, or from
 // rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
@@ -24,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -535,13 +542,140 @@ void run_threads() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The stall inspector
+// ---------------------------------------------------------------------------------------------
+
+struct LogEntry {
+  double at_ms;
+  int level;
+  std::string text;
+};
+std::mutex g_log_mu;
+std::vector<LogEntry> g_log;
+double g_log_t0 = 0;
+
+extern "C" void collect_log(ddp_log_level_t level, const char* message, void*) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log.push_back(LogEntry{now_ms() - g_log_t0, static_cast<int>(level), message});
+}
+
+bool names_exactly(const std::string& msg, const char* what, int rank) {
+  const std::string want = std::string(what) + " rank " + std::to_string(rank);
+  const size_t at = msg.find(what);
+  // "<what> rank V" and nothing after it that lists more ranks ("rank V, W").
+  return at != std::string::npos && msg.compare(at, want.size(), want) == 0 &&
+         (at + want.size() >= msg.size() || msg[at + want.size()] != ',');
+}
+
+int run_inspect(const std::string& kind) {
+  const int victim = g_world - 1;
+  const int64_t stall_ms = g_timeout_ms / 3;
+  ddp_set_log_callback(collect_log, nullptr);
+  Ctx x;
+  ddp_config_t cfg = base_config();
+  cfg.stall_warning_ms = stall_ms;
+  ddp_status_t s = make_ctx(&x, cfg, 12);
+  const int n = static_cast<int>(x.grads.size());
+  for (int it = 0; !s && it < 2; ++it) {  // the first learns the plan
+    ddp_begin_backward(x.d, nullptr);
+    fill(x, it);
+    for (int g = n - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    s = ddp_finish_backward(x.d, nullptr);
+  }
+  if (s) {
+    result(kind, false, "setup: " + status_text(s));
+    return 1;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int it = 2;
+  ddp_begin_backward(x.d, nullptr);
+  fill(x, it);
+  {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    g_log.clear();
+    g_log_t0 = now_ms();
+  }
+  if (g_rank == victim) {
+    for (int g = n - 1; g >= n / 2; --g) ddp_grad_ready(x.d, g);
+    std::fflush(stdout);
+    if (kind == "inspect-kill") raise(SIGKILL);
+    if (kind == "inspect-stall") usleep(static_cast<useconds_t>((g_timeout_ms + 1000) * 1000));
+    if (kind == "inspect-slow") usleep(static_cast<useconds_t>((stall_ms + g_timeout_ms) / 2 * 1000));
+    if (kind == "inspect-skip") {
+      // Late enough that the others time out (and ask) while this rank still waits in its broadcast.
+      usleep(400 * 1000);
+      std::vector<double> v(64, 1.0);
+      void* bufs[1] = {v.data()};
+      size_t counts[1] = {v.size()};
+      ddp_dtype_t types[1] = {DDP_F64};
+      s = ddp_broadcast(x.d, bufs, counts, types, 1, 0, nullptr);  // nobody else broadcasts: times out
+      result(kind + "-victim", s == DDP_ERR_TIMEOUT, "the rank that broadcast instead -> " + status_text(s));
+      usleep(1000 * 1000);  // still answers the others' questions
+    } else {
+      for (int g = n / 2 - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+      s = ddp_finish_backward(x.d, nullptr);
+      if (kind == "inspect-slow") result(kind + "-victim", s == DDP_SUCCESS, "slow rank -> " + status_text(s));
+    }
+  } else {
+    for (int g = n - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    const double t0 = now_ms();
+    s = ddp_finish_backward(x.d, nullptr);
+    const double took = now_ms() - t0;
+    const std::string msg = s ? ddp_last_error() : "";
+    std::vector<LogEntry> log;
+    {
+      std::lock_guard<std::mutex> lock(g_log_mu);
+      log = g_log;
+    }
+    char b[200];
+    if (kind == "inspect-slow") {
+      std::string why;
+      const bool ok = s == DDP_SUCCESS && verify(x, it, all_gave, &why);
+      result(kind, ok, "finish -> " + status_text(s) + (why.empty() ? "" : ": " + why));
+    } else {
+      const char* what = kind == "inspect-kill" ? "no answer from" : "behind this rank:";
+      const bool ok = s == DDP_ERR_TIMEOUT && took <= g_timeout_ms + 1000.0 + 500.0 &&
+                      names_exactly(msg, what, victim) && msg.find("(this rank)") != std::string::npos;
+      std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
+      result(kind, ok, b + status_text(s));
+      if (kind == "inspect-skip")
+        result(kind + "-where", msg.find("in ddp_broadcast") != std::string::npos,
+               "the victim's position says it is in ddp_broadcast");
+    }
+    // One warning, at stall_warning_ms (the first bucket waits from about when finish began), naming
+    // the same rank; the killed rank's too.
+    int warnings = 0;
+    double at = -1;
+    bool named = false;
+    for (const LogEntry& e : log)
+      if (e.level == DDP_LOG_WARN && e.text.find("has waited") != std::string::npos) {
+        ++warnings;
+        if (at < 0) at = e.at_ms;
+        named = named || names_exactly(e.text, kind == "inspect-kill" ? "no answer from" : "behind this rank:", victim);
+      }
+    const bool once = warnings == 1 && at >= 0.8 * stall_ms && at <= stall_ms + 1000.0 && named;
+    std::snprintf(b, sizeof b, "%d stall warning(s), the first after %.0f ms (stall_warning_ms %lld)%s", warnings, at,
+                  static_cast<long long>(stall_ms), named ? ", naming the rank" : ", NOT naming the rank");
+    result(kind + "-warning", once, b);
+    // The other survivors may still be asking this rank where it stands.
+    if (kind != "inspect-slow") usleep(700 * 1000);
+  }
+  ddp_destroy(x.d);
+  ddp_set_log_callback(nullptr, nullptr);
+  done();
+  std::fflush(stdout);
+  if (kind != "inspect-slow") _exit(0);  // a dead or late peer can make MPI_Finalize wait
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked [seed] [timeout_ms]\n");
+    std::fprintf(stderr,
+                 "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
+                 "inspect-stall|inspect-skip|inspect-slow [seed] [timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -573,6 +707,8 @@ int main(int argc, char** argv) {
     run_threads();
   else if (scenario == "blocked")
     run_blocked();
+  else if (scenario.compare(0, 8, "inspect-") == 0)
+    rc = run_inspect(scenario);
   else {
     result(scenario, false, "unknown scenario");
     rc = 2;

@@ -17,6 +17,14 @@ scenarios=(
   "nonfinite 2 2 60 "
   "threads   2 2 90 "
   "blocked   2 1 $((T / 1000 + 20)) --enable-recovery"
+  "inspect-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
+  "inspect-kill  4 3 $((T / 1000 + 20)) --enable-recovery"
+  "inspect-stall 3 2 $((2 * T / 1000 + 25)) --enable-recovery"
+  "inspect-stall 4 3 $((2 * T / 1000 + 25)) --enable-recovery"
+  "inspect-skip  3 3 $((2 * T / 1000 + 25)) --enable-recovery"
+  "inspect-skip  4 4 $((2 * T / 1000 + 25)) --enable-recovery"
+  "inspect-slow  3 3 $((2 * T / 1000 + 25)) "
+  "inspect-slow  4 4 $((2 * T / 1000 + 25)) "
 )
 for line in "${scenarios[@]}"; do
   read -r name np want bound flags <<<"$line"
