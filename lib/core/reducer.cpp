@@ -525,9 +525,11 @@ void Reducer::finish(void* user_stream, Deadline dl) {
         s.drain(dl);
       }
     } catch (const Error& e) {
+      // A task's own error names its bucket already; the stream's timeout does not.
+      const bool named = std::strncmp(e.what(), "iteration ", 10) == 0;
       if (!first)
         first = std::make_exception_ptr(
-            e.status() == DDP_ERR_TIMEOUT ? Error(e.status(), stuck(static_cast<int>(i)) + e.what()) : e);
+            e.status() == DDP_ERR_TIMEOUT && !named ? Error(e.status(), stuck(static_cast<int>(i)) + e.what()) : e);
     } catch (...) {
       if (!first) first = std::current_exception();
     }

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <new>
 #include <random>
 #include <string>
@@ -14,6 +16,9 @@
 
 #include "../mpi/reference.hpp"
 #include "ddp.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 // Counts operator new calls made by the current thread.
 static thread_local long t_allocs = 0;
@@ -267,4 +272,100 @@ TEST_CASE("local group: every agreed config field is compared across ranks and n
     return ok;
   });
   CHECK(failed == 0);
+}
+
+// --- the stall inspector on the local comm ----------------------------------------------------
+
+namespace {
+
+std::mutex g_log_mu;
+std::vector<std::pair<int, std::string>> g_log_lines;
+extern "C" void keep_log(ddp_log_level_t level, const char* message, void*) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log_lines.emplace_back(static_cast<int>(level), message);
+}
+
+// Runs a 3-rank iteration in which rank 2 marks its grad `late_ms` after the others.
+int late_rank_iteration(int64_t stall_ms, int64_t timeout_ms, int late_ms, std::vector<std::string>* errors) {
+  std::mutex mu;
+  return on_ranks(3, [&](int r, ddp_comm_t c) {
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.timeout_ms = timeout_ms;
+    cfg.stall_warning_ms = stall_ms;
+    cfg.plan_order = DDP_PLAN_REGISTRATION;  // the bucket leaves during backward and waits in a stream
+    ddp_t d;
+    if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+    std::vector<float> g(10, 1.0f);
+    int i;
+    ddp_register_grad(d, g.data(), 10, DDP_F32, 0, &i);
+    bool ok = ddp_commit(d) == DDP_SUCCESS && ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+    ok = ok && ddp_grad_ready(d, i) == DDP_SUCCESS;
+    ddp_status_t st = ddp_finish_backward(d, nullptr);
+    if (st != DDP_SUCCESS) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors->push_back(ddp_last_error());
+    }
+    ddp_destroy(d);
+    return ok;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("stall inspector: a late rank is named in one warning through the callback, and the run succeeds") {
+  g_log_lines.clear();
+  REQUIRE(ddp_set_log_callback(keep_log, nullptr) == DDP_SUCCESS);
+  std::vector<std::string> errors;
+  CHECK(late_rank_iteration(150, 20000, 600, &errors) == 0);
+  REQUIRE(ddp_set_log_callback(nullptr, nullptr) == DDP_SUCCESS);
+  CHECK(errors.empty());
+  int warnings = 0;
+  for (auto& l : g_log_lines)
+    if (l.first == DDP_LOG_WARN) {
+      ++warnings;
+      CAPTURE(l.second);
+      CHECK(l.second.find("behind this rank: rank 2") != std::string::npos);
+      CHECK(l.second.find("has waited 150 ms") != std::string::npos);
+      CHECK(l.second.find("2: iteration 0, in backward") != std::string::npos);
+    }
+  CHECK(warnings == 2);  // ranks 0 and 1, once each
+}
+
+TEST_CASE("stall inspector: a timeout names the rank that is behind and where every rank is") {
+  std::vector<std::string> errors;
+  CHECK(late_rank_iteration(0, 300, 1500, &errors) == 0);
+  REQUIRE(errors.size() >= 2);
+  int timed_out = 0;
+  for (const std::string& e : errors) {
+    CAPTURE(e);
+    // The rank whose wait ran out first reports the timeout; the others see their channel aborted.
+    if (e.find("past the deadline") == std::string::npos) continue;
+    ++timed_out;
+    CHECK(e.find("iteration 0, bucket 0 of 1 (stream 0): local") != std::string::npos);  // named once
+    CHECK(e.find("behind this rank: rank 2") != std::string::npos);
+    CHECK(e.find("(this rank)") != std::string::npos);
+  }
+  CHECK(timed_out >= 1);
+}
+
+TEST_CASE("stall inspector: with no callback and no DDP_DEBUG a clean run prints nothing") {
+  REQUIRE(std::getenv("DDP_DEBUG") == nullptr);
+  std::fflush(stderr);
+  char path[] = "/tmp/ddp_stderr_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  int saved = dup(2);
+  dup2(fd, 2);
+  std::vector<std::string> errors;
+  const int failed = late_rank_iteration(0, 20000, 0, &errors);
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  const off_t size = lseek(fd, 0, SEEK_END);
+  close(fd);
+  unlink(path);
+  CHECK(failed == 0);
+  CHECK(errors.empty());
+  CHECK(size == 0);
 }

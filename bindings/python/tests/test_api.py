@@ -1,5 +1,6 @@
 """The Pythonic layer on one process: Comm.self, in-process ranks, buffers, lifecycle, use after close."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,35 @@ def test_library_found_next_to_the_package_and_on_the_search_path(tmp_path):
     bad = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                          env=dict(env, PYTHONPATH=str(tmp_path / "sys"), LIBDDP_PATH=str(tmp_path / "nothing.so")))
     assert bad.returncode != 0 and b"set LIBDDP_PATH" in bad.stdout
+
+
+def test_log_callback_gets_the_stall_warning_naming_the_late_rank():
+    n = 3
+    group = libddp.LocalGroup(n)
+    lines = []
+    libddp.set_log_callback(lambda level, msg: lines.append((level, msg)))
+    errs = []
+
+    def rank(r):
+        try:
+            with group.comm(r) as c, DDP(c, plan_order="registration", stall_warning_ms=100) as d:
+                g = np.ones(8, dtype=np.float32)
+                i = d.register(g)
+                with d.backward():
+                    if r == n - 1:
+                        time.sleep(0.5)
+                    d.grad_ready(i)
+        except Exception as e:
+            errs.append(e)
+
+    try:
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        [t.start() for t in ts]
+        [t.join(60) for t in ts]
+    finally:
+        libddp.set_log_callback(None)
+        group.close()
+    assert not errs, errs
+    warns = [m for lv, m in lines if lv == libddp.LOG_WARN]
+    assert len(warns) == n - 1, lines
+    assert all("behind this rank: rank %d" % (n - 1) in m for m in warns), warns

@@ -220,6 +220,7 @@ HostStream::~HostStream() {
 void run_task(WorkerState& w, Task* task, std::unique_lock<std::mutex>& lock) {
   w.running = true;
   w.task_start = std::chrono::steady_clock::now();
+  w.done_cv.notify_all();  // a drain that is waiting now has a task start to time its warning from
   lock.unlock();
   std::exception_ptr err;
   try {
