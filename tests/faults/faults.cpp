@@ -12,12 +12,13 @@
 //   blocked    the last rank SIGKILLs itself while the others' workers sit in a blocking collective
 //              with it (run with --enable-recovery): the survivors' finish keeps the deadline, the
 //              worker is left behind, and destroy and exit() do not wait for it
-//   inspect-kill, inspect-stall, inspect-skip, inspect-slow
+//   inspect-kill, inspect-stall, inspect-skip, inspect-slow, inspect-destroy
 //              the stall inspector: the last rank is killed, stalls past the timeout, issues a
-//              different collective (ddp_broadcast instead of its grads), or is slow but within the
-//              timeout. Every survivor's timeout message names exactly that rank (no answer, or
-//              behind) and where the others are; the stall warning reaches the log callback once, at
-//              stall_warning_ms, with the same picture; the slow rank causes a warning and no error
+//              different collective (ddp_broadcast instead of its grads), is slow but within the
+//              timeout, or destroys its context in mid-backward (which must return at once). Every survivor's timeout
+//              message names exactly that rank (no answer, or behind) and where the others are; the stall warning
+//              reaches the log callback once, at stall_warning_ms, with the same picture; the slow rank causes a
+//              warning and no error
 //
 // Every check prints one line "RESULT <check> ok|FAIL <detail>" (from every surviving rank, or from
 // rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
@@ -600,6 +601,19 @@ int run_inspect(const std::string& kind) {
     for (int g = n - 1; g >= n / 2; --g) ddp_grad_ready(x.d, g);
     std::fflush(stdout);
     if (kind == "inspect-kill") raise(SIGKILL);
+    if (kind == "inspect-destroy") {
+      // Destroyed in the middle of a backward pass, with buckets in flight that nobody will match.
+      const double t0 = now_ms();
+      s = ddp_destroy(x.d);
+      const double took = now_ms() - t0;
+      char b[120];
+      std::snprintf(b, sizeof b, "ddp_destroy in mid-backward took %.0f ms -> ", took);
+      result(kind + "-victim", s == DDP_SUCCESS && took < 500, b + status_text(s));
+      done();
+      std::fflush(stdout);
+      usleep(static_cast<useconds_t>((g_timeout_ms + 1500) * 1000));  // alive, but no longer answering
+      _exit(0);
+    }
     if (kind == "inspect-stall") usleep(static_cast<useconds_t>((g_timeout_ms + 1000) * 1000));
     if (kind == "inspect-slow") usleep(static_cast<useconds_t>((stall_ms + g_timeout_ms) / 2 * 1000));
     if (kind == "inspect-skip") {
@@ -634,7 +648,8 @@ int run_inspect(const std::string& kind) {
       const bool ok = s == DDP_SUCCESS && verify(x, it, all_gave, &why);
       result(kind, ok, "finish -> " + status_text(s) + (why.empty() ? "" : ": " + why));
     } else {
-      const char* what = kind == "inspect-kill" ? "no answer from" : "behind this rank:";
+      const bool gone = kind == "inspect-kill" || kind == "inspect-destroy";
+      const char* what = gone ? "no answer from" : "behind this rank:";
       const bool ok = s == DDP_ERR_TIMEOUT && took <= g_timeout_ms + 1000.0 + 500.0 &&
                       names_exactly(msg, what, victim) && msg.find("(this rank)") != std::string::npos;
       std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
@@ -652,7 +667,11 @@ int run_inspect(const std::string& kind) {
       if (e.level == DDP_LOG_WARN && e.text.find("has waited") != std::string::npos) {
         ++warnings;
         if (at < 0) at = e.at_ms;
-        named = named || names_exactly(e.text, kind == "inspect-kill" ? "no answer from" : "behind this rank:", victim);
+        named =
+            named ||
+            names_exactly(
+                e.text,
+                kind == "inspect-kill" || kind == "inspect-destroy" ? "no answer from" : "behind this rank:", victim);
       }
     const bool once = warnings == 1 && at >= 0.8 * stall_ms && at <= stall_ms + 1000.0 && named;
     std::snprintf(b, sizeof b, "%d stall warning(s), the first after %.0f ms (stall_warning_ms %lld)%s", warnings, at,

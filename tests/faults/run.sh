@@ -23,6 +23,7 @@ scenarios=(
   "inspect-stall 4 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "inspect-skip  3 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "inspect-skip  4 4 $((2 * T / 1000 + 25)) --enable-recovery"
+  "inspect-destroy 3 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "inspect-slow  3 3 $((2 * T / 1000 + 25)) "
   "inspect-slow  4 4 $((2 * T / 1000 + 25)) "
 )

@@ -12,6 +12,7 @@
 //     unchanged, and check_finite counts them;
 //   - the plan covers every grad once, with the right element counts.
 // A disagreement prints what differed and aborts, which the fuzzer reports as a finding.
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -59,8 +60,18 @@ enum Op {
   OP_SYNCHRONIZE,
   OP_BROADCAST,
   OP_ITERATION,
+  OP_LOG,
   OP_COUNT
 };
+
+// Log callbacks the fuzzer switches between (OP_LOG); they only count.
+std::atomic<uint64_t> g_log_calls{0};
+extern "C" void fuzz_log_a(ddp_log_level_t, const char* msg, void*) {
+  if (msg && *msg) g_log_calls.fetch_add(1, std::memory_order_relaxed);
+}
+extern "C" void fuzz_log_b(ddp_log_level_t level, const char*, void* user) {
+  if (user && level == DDP_LOG_WARN) g_log_calls.fetch_add(1, std::memory_order_relaxed);
+}
 
 struct Call {
   int op;
@@ -620,6 +631,12 @@ void Rank::run() {
           s = DDP_SUCCESS;
           sh_.view[rank_].status = s;
           break;
+        case OP_LOG:
+          // Process-wide; any thread may set it at any time. Never NULL here: the default would
+          // write the fuzzer's stall warnings to stderr.
+          s = ddp_set_log_callback(c.a & 1 ? fuzz_log_a : fuzz_log_b, c.a & 2 ? &g_log_calls : nullptr);
+          expect(k, s, DDP_SUCCESS, "ddp_set_log_callback");
+          break;
         case OP_SYNCHRONIZE:
           // Mid-backward with peers, the launched buckets wait for ranks that are themselves waiting
           // here: that can only end at the timeout, so it is not asked for.
@@ -719,6 +736,7 @@ Program parse(const uint8_t* data, size_t size) {
   c.inplace_min_numel = (q & 0x20) ? 1 + in.u8() * 2 : 0;
   c.timeout_ms = p.world == 2 ? 3000 : 0;  // bounds a destroy in mid-backward (it waits for launched work)
   if (q & 0x40) c.timeline_path = "/tmp/libddp-fuzz-timeline.json";
+  if (m & 0x80) c.stall_warning_ms = 1 + (q & 7) * 50;  // warnings go to the fuzzer's callbacks
   if (p.world == 2 && (q & 0x80)) p.diverge = 1 + in.u8() % 4;
   if (p.diverge == 3) p.diverge_grad = in.u8() % 8;
   // Now and then a field the library must refuse.
@@ -741,6 +759,7 @@ Program parse(const uint8_t* data, size_t size) {
       case 11: c.timeout_ms = -1; break;
       case 12: c.unused_policy = 2; break;
       case 13: c.gradient_predivide_factor = INFINITY; break;
+      case 14: c.stall_warning_ms = -1; break;
       default:
         p.cfg_valid = true;
         c.num_streams = 64;
@@ -776,6 +795,7 @@ Program parse(const uint8_t* data, size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ddp_set_log_callback(fuzz_log_a, nullptr);  // stall warnings of short stall_warning_ms stay quiet
   if (size < 4) return 0;
   Shared sh(1);
   sh.prog = parse(data, size);
