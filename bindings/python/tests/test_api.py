@@ -1,4 +1,5 @@
 """The Pythonic layer on one process: Comm.self, in-process ranks, buffers, lifecycle, use after close."""
+import os
 import threading
 import time
 
@@ -204,3 +205,34 @@ def test_log_callback_gets_the_stall_warning_naming_the_late_rank():
     warns = [m for lv, m in lines if lv == libddp.LOG_WARN]
     assert len(warns) == n - 1, lines
     assert all("behind this rank: rank %d" % (n - 1) in m for m in warns), warns
+
+
+_DEBUG_SCRIPT = """
+import numpy as np, libddp
+with libddp.Comm.self() as c, libddp.DDP(c, plan_order="registration") as d:
+    g = np.ones(8, dtype=np.float32)
+    i = d.register(g)
+    for _ in range(4):
+        with d.backward():
+            d.grad_ready(i)
+"""
+
+
+@pytest.mark.parametrize("debug", [None, "INFO"])
+def test_ddp_debug_info_prints_the_plan_and_summaries_and_nothing_otherwise(debug):
+    import subprocess
+    from conftest import PYTHON, CHILD_PATH
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
+    env.pop("DDP_DEBUG", None)
+    if debug:
+        env.update(DDP_DEBUG=debug, DDP_DEBUG_EVERY="2")
+    p = subprocess.run([PYTHON, "-c", _DEBUG_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    err = p.stderr.decode()
+    if debug is None:
+        assert err == "" and p.stdout == b""
+    else:
+        assert "libddp info: rank 0: plan of 1 grads in 1 buckets" in err, err
+        assert "bucket 0: 1 grads, 8 elements of f32" in err, err
+        assert err.count("libddp info: rank 0: iteration") == 2, err  # iterations 2 and 4
