@@ -111,13 +111,7 @@ void Context::commit() {
 
 void Context::commit_locked() {
   if (state_ != State::Open) return;
-  const int32_t before = counters_.call.load(std::memory_order_relaxed);
-  struct Restore {
-    Context* c;
-    int32_t call;
-    ~Restore() { c->counters_.call.store(call, std::memory_order_relaxed); }
-  } restore{this, before};
-  set_call(Call::Commit);
+  CallScope scope(this, Call::Commit);
   try {
     agree_registration(*ctrl_, specs_, deadline());
     ReducerEnv env;
@@ -186,13 +180,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
     if (counts[i] > 0 && !buffers[i]) fail(DDP_ERR_INVALID_ARGUMENT, "buffers[%d] is NULL", i);
     if (counts[i] > SIZE_MAX / 16) fail(DDP_ERR_INVALID_ARGUMENT, "counts[%d] is too large", i);
   }
-  const int32_t before = counters_.call.load(std::memory_order_relaxed);
-  struct Restore {
-    Context* c;
-    int32_t call;
-    ~Restore() { c->counters_.call.store(call, std::memory_order_relaxed); }
-  } restore{this, before};
-  set_call(Call::Broadcast);
+  CallScope scope(this, Call::Broadcast);
   fatal_on_error([&] {
     for (int i = 0; i < n; ++i)
       if (counts[i])

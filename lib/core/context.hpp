@@ -60,6 +60,19 @@ class Context {
   std::string picture(int64_t wait_ms);
   void stall_warning(int stream);
   void set_call(Call c) { counters_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
+  // Sets the call a rank reports itself in for a scope; restores `after` (default: the one before).
+  class CallScope {
+   public:
+    CallScope(Context* c, Call now) : c_(c), after_(c->counters_.call.load(std::memory_order_relaxed)) {
+      c_->set_call(now);
+    }
+    CallScope(Context* c, Call now, Call after) : CallScope(c, now) { after_ = static_cast<int32_t>(after); }
+    ~CallScope() { c_->counters_.call.store(after_, std::memory_order_relaxed); }
+
+   private:
+    Context* c_;
+    int32_t after_;
+  };
   void log_plan();
   void log_summary();
   const Plan& committed_plan();

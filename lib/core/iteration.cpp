@@ -80,12 +80,11 @@ void Context::finish_backward(void* stream) {
   if (state_ != State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "no backward pass in progress (call ddp_begin_backward first)");
   state_ = State::Idle;
-  struct Leave {
-    Context* c;
-    ~Leave() { c->set_call(Call::Idle); }
-  } leave{this};
-  if (!iteration_synced_) return;  // no_sync: grads only accumulated locally
-  set_call(Call::Finish);
+  if (!iteration_synced_) {  // no_sync: grads only accumulated locally
+    set_call(Call::Idle);
+    return;
+  }
+  CallScope scope(this, Call::Finish, Call::Idle);
   std::string unused_text;
   fatal_on_error([&] {
     if (learning_) {
@@ -124,11 +123,7 @@ void Context::reduce_all(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
-  struct Leave {
-    Context* c;
-    ~Leave() { c->set_call(Call::Idle); }
-  } leave{this};
-  set_call(Call::ReduceAll);
+  CallScope scope(this, Call::ReduceAll, Call::Idle);
   counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   fatal_on_error([&] {
     commit_locked();
