@@ -164,12 +164,23 @@ DDP_API ddp_status_t ddp_local_group_destroy(ddp_local_group_t group);
 /* NCCL: a new unique id, made on one rank and sent to the others by the caller. */
 DDP_API ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id);
 /* Device-memory communicator over NCCL for rank `rank` of `nranks`, on CUDA device `cuda_device`.
- * Collective. DDP_ERR_UNSUPPORTED in a build without CUDA; DDP_ERR_CUDA when no device is usable. */
+ * Collective. DDP_ERR_UNSUPPORTED in a build without CUDA; DDP_ERR_CUDA when no device is usable.
+ * Bounded: with NCCL 2.14 or later the communicator is created without blocking and given up
+ * (ncclCommAbort, DDP_ERR_TIMEOUT naming this rank) when it is not ready within the environment's
+ * DDP_INIT_TIMEOUT_MS milliseconds (default 300000; 0 waits forever), e.g. because a rank never
+ * called it with the same id. Older NCCL blocks until every rank has joined. */
 DDP_API ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
                                         ddp_comm_t* comm);
+/* As ddp_comm_init_nccl, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
+DDP_API ddp_status_t ddp_comm_init_nccl_timeout(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                                int64_t timeout_ms, ddp_comm_t* comm);
 /* As ddp_comm_init_nccl, with the id made on rank 0 of `mpi_comm` (an MPI_Comm*, NULL for world) and
- * broadcast over it. Collective over the MPI communicator. */
+ * broadcast over it. Collective over the MPI communicator, which libddp duplicates and keeps: through
+ * it, a collective that times out names the ranks behind and where every rank is (as on MPI). */
 DDP_API ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* comm);
+/* As ddp_comm_init_nccl_mpi, with the bound given (the id's broadcast included). */
+DDP_API ddp_status_t ddp_comm_init_nccl_mpi_timeout(const void* mpi_comm, int cuda_device, int64_t timeout_ms,
+                                                    ddp_comm_t* comm);
 /* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
  * destroys it; it must outlive every context made over the returned comm. */
 DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);

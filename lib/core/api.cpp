@@ -2,6 +2,7 @@
 // resolved into the objects behind them. No exception crosses this file: each entry point runs its
 // body inside guard(__func__, ...), which turns any exception into a status and a message that starts
 // with the entry point's name.
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -141,23 +142,59 @@ ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id) {
   });
 }
 
+namespace {
+// The bound of the NCCL creation calls without a timeout argument: DDP_INIT_TIMEOUT_MS, else the
+// default collective timeout.
+int64_t default_init_timeout_ms() {
+  const char* v = std::getenv("DDP_INIT_TIMEOUT_MS");
+  if (!v || !*v) return 300000;
+  char* end = nullptr;
+  long long ms = std::strtoll(v, &end, 10);
+  if (*end || ms < 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "DDP_INIT_TIMEOUT_MS is '%s': give milliseconds, 0 for no bound", v);
+  return ms;
+}
+
+void check_init_timeout(int64_t timeout_ms) {
+  if (timeout_ms < 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "timeout_ms is %lld: give milliseconds, 0 to wait forever",
+         static_cast<long long>(timeout_ms));
+}
+
+void init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device, int64_t timeout_ms, ddp_comm_t* out) {
+  need(id, "id");
+  need(out, "comm");
+  if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d", nranks);
+  if (rank < 0 || rank >= nranks) fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, nranks - 1);
+  if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
+  check_init_timeout(timeout_ms);
+  *out = wrap(make_nccl_comm(id, nranks, rank, cuda_device, timeout_ms));
+}
+
+void init_nccl_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms, ddp_comm_t* out) {
+  need(out, "comm");
+  if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
+  check_init_timeout(timeout_ms);
+  *out = wrap(make_nccl_comm_mpi(mpi_comm, cuda_device, timeout_ms));
+}
+}  // namespace
+
 ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device, ddp_comm_t* out) {
-  return guard(__func__, [&] {
-    need(id, "id");
-    need(out, "comm");
-    if (nranks < 1) fail(DDP_ERR_INVALID_ARGUMENT, "nranks is %d", nranks);
-    if (rank < 0 || rank >= nranks) fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, nranks - 1);
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
-    *out = wrap(make_nccl_comm(id, nranks, rank, cuda_device));
-  });
+  return guard(__func__, [&] { init_nccl(id, nranks, rank, cuda_device, default_init_timeout_ms(), out); });
+}
+
+ddp_status_t ddp_comm_init_nccl_timeout(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                        int64_t timeout_ms, ddp_comm_t* out) {
+  return guard(__func__, [&] { init_nccl(id, nranks, rank, cuda_device, timeout_ms, out); });
 }
 
 ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_device, ddp_comm_t* out) {
-  return guard(__func__, [&] {
-    need(out, "comm");
-    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
-    *out = wrap(make_nccl_comm_mpi(mpi_comm, cuda_device));
-  });
+  return guard(__func__, [&] { init_nccl_mpi(mpi_comm, cuda_device, default_init_timeout_ms(), out); });
+}
+
+ddp_status_t ddp_comm_init_nccl_mpi_timeout(const void* mpi_comm, int cuda_device, int64_t timeout_ms,
+                                            ddp_comm_t* out) {
+  return guard(__func__, [&] { init_nccl_mpi(mpi_comm, cuda_device, timeout_ms, out); });
 }
 
 ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* out) {

@@ -20,10 +20,14 @@ int local_group_size(const LocalGroup& g);
 std::unique_ptr<Comm> make_local_comm(std::shared_ptr<LocalGroup> group, int rank);
 
 // --- NCCL (lib/backends/cuda): device memory ---
+// Creation gives up after `timeout_ms` (0: waits forever) with DDP_ERR_TIMEOUT where NCCL can create
+// a communicator without blocking (2.14 and later).
 void nccl_get_unique_id(ddp_nccl_id_t* id);
-std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device);
-// The id made on rank 0 of the MPI communicator (MPI_Comm*, nullptr for world) and broadcast over it.
-std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device);
+std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                     int64_t timeout_ms);
+// The id made on rank 0 of the MPI communicator (MPI_Comm*, nullptr for world) and broadcast over it;
+// the MPI communicator stays with the NCCL one, for the stall inspector.
+std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms);
 // Borrows a ncclComm_t; never destroys it.
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm);
 

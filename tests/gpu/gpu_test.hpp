@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -41,10 +42,10 @@ inline bool gpu_available() {
     REQUIRE_MESSAGE(gt_rc_ == cudaSuccess, #call, ": ", cudaGetErrorString(gt_rc_)); \
   } while (0)
 
-#define DDP_OK(call)                                                       \
-  do {                                                                     \
-    ddp_status_t gt_st_ = (call);                                          \
-    REQUIRE_MESSAGE(gt_st_ == DDP_SUCCESS, #call, ": ", ddp_last_error()); \
+#define DDP_OK(call)                                                                    \
+  do {                                                                                  \
+    ddp_status_t gt_st_ = (call);                                                       \
+    REQUIRE_MESSAGE(gt_st_ == DDP_SUCCESS, #call, ": ", std::string(ddp_last_error())); \
   } while (0)
 
 inline unsigned seed() {

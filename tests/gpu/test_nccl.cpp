@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "gpu_test.hpp"
@@ -380,4 +381,53 @@ GPU_TEST_CASE("nccl: a wrapped ncclComm_t is used through split communicators an
   CHECK(count == 1);
   CHECK(ncclCommDestroy(raw) == ncclSuccess);
   free_grads(g);
+}
+
+GPU_TEST_CASE("nccl: creation is bounded: a rank that never joins costs the timeout, then DDP_ERR_TIMEOUT") {
+  int version = 0;
+  REQUIRE(ncclGetVersion(&version) == ncclSuccess);
+  if (version < 21400) {
+    MESSAGE("NCCL " << version << " has no nonblocking creation: ddp_comm_init_nccl blocks (documented)");
+    return;
+  }
+  ddp_nccl_id_t id;
+  DDP_OK(ddp_nccl_get_unique_id(&id));
+  ddp_comm_t comm = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 0 of 2; rank 1 never comes.
+  ddp_status_t st = ddp_comm_init_nccl_timeout(&id, 2, 0, 0, 500, &comm);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(st == DDP_ERR_TIMEOUT);
+  CHECK(comm == nullptr);
+  const std::string msg = ddp_last_error();
+  CHECK(msg.find("rank 0 of 2") != std::string::npos);
+  CHECK(msg.find("not created within 500 ms") != std::string::npos);
+  CHECK(ms >= 450);
+  CHECK(ms < 500 + 1000);
+  CHECK(ddp_comm_init_nccl_timeout(&id, 1, 0, 0, -1, &comm) == DDP_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ddp_last_error()).find("timeout_ms is -1") != std::string::npos);
+
+  // A communicator made with a bound works, duplicates included (a context holds one).
+  DDP_OK(ddp_nccl_get_unique_id(&id));
+  DDP_OK(ddp_comm_init_nccl_timeout(&id, 1, 0, 0, 10000, &comm));
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(comm, &cfg, &ddp));
+  void* grad = nullptr;
+  CUDA_OK(cudaMalloc(&grad, 1000 * sizeof(float)));
+  std::vector<float> host(1000, 3.0f);
+  CUDA_OK(cudaMemcpy(grad, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  int index = -1;
+  DDP_OK(ddp_register_grad(ddp, grad, 1000, DDP_F32, 0, &index));
+  DDP_OK(ddp_begin_backward(ddp, nullptr));
+  DDP_OK(ddp_grad_ready(ddp, index));
+  DDP_OK(ddp_finish_backward(ddp, nullptr));
+  DDP_OK(ddp_synchronize(ddp));
+  CUDA_OK(cudaMemcpy(host.data(), grad, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(host[0] == 3.0f);
+  CHECK(host[999] == 3.0f);
+  DDP_OK(ddp_destroy(ddp));
+  DDP_OK(ddp_comm_destroy(comm));
+  CUDA_OK(cudaFree(grad));
 }

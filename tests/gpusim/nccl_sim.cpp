@@ -6,6 +6,7 @@
 // ncclScalarHostImmediate, at run time from device memory for ncclScalarDevice); sums of f16 and
 // bf16 in float with one rounding. Where it is knowingly simpler than NCCL: tests/gpusim/README.md.
 #include <dirent.h>
+#include <stddef.h>
 #include <mpi.h>
 #include <sched.h>
 #include <stdint.h>
@@ -64,6 +65,13 @@ struct CommState {
   uint64_t issued = 0, executed = 0;
   std::map<int, PreMul> ops;
   int next_op = ncclNumOps;
+  // Nonblocking communicators (ncclConfig_t.blocking = 0): creation runs on `init` and reports
+  // ncclInProgress until it ends; every other call answers ncclInProgress and is "in progress" for
+  // `pending` more polls of ncclCommGetAsyncError, during which any other call is a usage error.
+  bool nonblocking = false;
+  std::atomic<bool> initializing{false};
+  std::atomic<int> pending{0};
+  std::thread init;
 };
 
 }  // namespace
@@ -250,6 +258,13 @@ bool injected(CommState& st) {
   return true;
 }
 
+// What a nonblocking communicator answers for a call that was accepted: in progress, for a poll.
+ncclResult_t accepted(CommState& st, ncclResult_t rc) {
+  if (rc != ncclSuccess || !st.nonblocking) return rc;
+  st.pending = 1;
+  return ncclInProgress;
+}
+
 thread_local int t_group_depth = 0;
 thread_local std::vector<Call> t_group;
 
@@ -287,12 +302,17 @@ ncclResult_t submit(Call c) {
     t_group.push_back(std::move(c));
     return ncclSuccess;
   }
-  return issue(std::move(c));
+  std::shared_ptr<CommState> st = c.st;
+  return accepted(*st, issue(std::move(c)));
 }
 
 ncclResult_t check_comm(ncclComm_t comm) {
   if (!comm || !comm->st) return err(ncclInvalidArgument, "comm is NULL");
   if (comm->st->aborted) return err(ncclInvalidUsage, "the communicator was aborted");
+  if (comm->st->initializing || comm->st->pending > 0)
+    return err(ncclInvalidUsage,
+               "a call on a nonblocking communicator while an earlier one is in progress "
+               "(poll ncclCommGetAsyncError until it is no longer ncclInProgress)");
   return ncclSuccess;
 }
 
@@ -339,7 +359,7 @@ struct IdBody {
 // The ranks of a new communicator find each other through a directory named by the id: each writes
 // its MPI_COMM_WORLD rank into a file named by its NCCL rank, and reads the others' once all are
 // there. Then MPI_Comm_create_group over MPI_COMM_WORLD builds the communicator in NCCL rank order.
-ncclResult_t rendezvous(const IdBody& id, int nranks, int rank, MPI_Comm* out) {
+ncclResult_t rendezvous(const IdBody& id, int nranks, int rank, MPI_Comm* out, const std::atomic<bool>* aborted) {
   if (nranks == 1) {
     if (MPI_Comm_dup(MPI_COMM_SELF, out) != MPI_SUCCESS) return err(ncclSystemError, "MPI_Comm_dup failed");
     return ncclSuccess;
@@ -376,6 +396,10 @@ ncclResult_t rendezvous(const IdBody& id, int nranks, int rank, MPI_Comm* out) {
       }
     }
     if (found == nranks) break;
+    if (aborted && *aborted) {
+      unlink(path);  // the others must not count this rank in
+      return err(ncclInvalidUsage, "ncclCommInitRankConfig: aborted while waiting for the other ranks");
+    }
     if (std::chrono::steady_clock::now() > until)
       return err(ncclSystemError, "ncclCommInitRank: timed out waiting for the other ranks to join");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -399,15 +423,23 @@ ncclResult_t rendezvous(const IdBody& id, int nranks, int rank, MPI_Comm* out) {
   return ncclSuccess;
 }
 
-ncclComm_t make_comm(MPI_Comm mpi, int device) {
-  auto st = std::make_shared<CommState>();
+void init_state(CommState* st, MPI_Comm mpi, int device) {
   st->mpi = mpi;
   MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
   MPI_Comm_dup(mpi, &st->ctrl);
   MPI_Comm_rank(mpi, &st->rank);
   MPI_Comm_size(mpi, &st->nranks);
   st->device = device;
+}
+
+ncclComm_t make_comm(MPI_Comm mpi, int device) {
+  auto st = std::make_shared<CommState>();
+  init_state(st.get(), mpi, device);
   return new ncclComm{st};
+}
+
+void join_init(CommState& st) {
+  if (st.init.joinable()) st.init.join();
 }
 
 ncclResult_t need_device(int* device) {
@@ -418,6 +450,18 @@ ncclResult_t need_device(int* device) {
   }
   *device = gpusim::current_device();
   return ncclSuccess;
+}
+
+// What both creation calls check first: the arguments, the id, a device, MPI.
+ncclResult_t check_init(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, IdBody* body, int* device) {
+  if (!comm) return err(ncclInvalidArgument, "comm is NULL");
+  *comm = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return err(ncclInvalidArgument, "rank " + std::to_string(rank) + " of " + std::to_string(nranks));
+  memcpy(body, id.internal, sizeof *body);
+  if (memcmp(body->magic, "ddpsim1", 8) != 0) return err(ncclInvalidArgument, "not a unique id of ncclGetUniqueId");
+  if (ncclResult_t r = need_device(device)) return r;
+  return ensure_mpi();
 }
 
 }  // namespace
@@ -473,20 +517,41 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  if (!comm) return err(ncclInvalidArgument, "comm is NULL");
-  *comm = nullptr;
-  if (nranks < 1 || rank < 0 || rank >= nranks)
-    return err(ncclInvalidArgument, "rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   IdBody body;
-  memcpy(&body, commId.internal, sizeof body);
-  if (memcmp(body.magic, "ddpsim1", 8) != 0) return err(ncclInvalidArgument, "not a unique id of ncclGetUniqueId");
   int device = 0;
-  if (ncclResult_t r = need_device(&device)) return r;
-  if (ncclResult_t r = ensure_mpi()) return r;
+  if (ncclResult_t r = check_init(comm, nranks, commId, rank, &body, &device)) return r;
   MPI_Comm c;
-  if (ncclResult_t r = rendezvous(body, nranks, rank, &c)) return r;
+  if (ncclResult_t r = rendezvous(body, nranks, rank, &c, nullptr)) return r;
   *comm = make_comm(c, device);
   return ncclSuccess;
+}
+
+// Blocking unless config->blocking is 0: then the rendezvous runs in the background, the handle is
+// returned at once with ncclInProgress, and ncclCommGetAsyncError says when it is ready (or failed);
+// ncclCommAbort stops a rendezvous that waits for a rank that never comes.
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
+  if (config && (config->magic != 0xcafebeef || config->size < offsetof(ncclConfig_t, blocking) + sizeof(int)))
+    return err(ncclInvalidArgument, "ncclConfig_t not made by NCCL_CONFIG_INITIALIZER");
+  if (!config || config->blocking != 0) return ncclCommInitRank(comm, nranks, commId, rank);
+  IdBody body;
+  int device = 0;
+  if (ncclResult_t r = check_init(comm, nranks, commId, rank, &body, &device)) return r;
+  auto st = std::make_shared<CommState>();
+  st->nonblocking = true;
+  st->initializing = true;
+  st->rank = rank;
+  st->nranks = nranks;
+  st->device = device;
+  CommState* raw = st.get();
+  st->init = std::thread([raw, body, nranks, rank, device] {
+    MPI_Comm c;
+    ncclResult_t r = rendezvous(body, nranks, rank, &c, &raw->aborted);
+    if (r == ncclSuccess) init_state(raw, c, device);
+    raw->async = r;
+    raw->initializing = false;
+  });
+  *comm = new ncclComm{st};
+  return ncclInProgress;
 }
 
 ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
@@ -506,13 +571,21 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (MPI_Comm_split(comm->st->ctrl, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &c) != MPI_SUCCESS)
     return err(ncclSystemError, "MPI_Comm_split failed");
   *newcomm = c == MPI_COMM_NULL ? nullptr : make_comm(c, comm->st->device);
-  return ncclSuccess;
+  if (!*newcomm || !comm->st->nonblocking) return ncclSuccess;
+  (*newcomm)->st->nonblocking = true;  // a split without a config inherits its parent's
+  return accepted(*(*newcomm)->st, ncclSuccess);
 }
 
 // Waits for the communicator's operations, then frees it.
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return err(ncclInvalidArgument, "comm is NULL");
   std::shared_ptr<CommState> st = comm->st;
+  if (st->initializing) return err(ncclInvalidUsage, "ncclCommDestroy of a communicator still being created");
+  join_init(*st);
+  if (st->mpi == MPI_COMM_NULL) {  // creation failed: nothing to free but the handle
+    delete comm;
+    return ncclSuccess;
+  }
   {
     std::unique_lock<std::mutex> lock(st->mu);
     st->cv.wait(lock, [&] { return st->executed == st->issued || st->aborted; });
@@ -535,13 +608,31 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     st->aborted = true;
     st->cv.notify_all();
   }
+  join_init(*st);
   delete comm;
+  return ncclSuccess;
+}
+
+// Waits for the communicator's operations; on a nonblocking communicator, in the background.
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (ncclResult_t r = check_comm(comm)) return r;
+  std::shared_ptr<CommState> st = comm->st;
+  if (st->nonblocking) return accepted(*st, ncclSuccess);
+  std::unique_lock<std::mutex> lock(st->mu);
+  st->cv.wait(lock, [&] { return st->executed == st->issued || st->aborted; });
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!comm || !asyncError) return err(ncclInvalidArgument, "NULL argument");
-  *asyncError = static_cast<ncclResult_t>(comm->st->async.load());
+  CommState& st = *comm->st;
+  ncclResult_t a = static_cast<ncclResult_t>(st.async.load());
+  if (a == ncclSuccess && st.initializing) a = ncclInProgress;
+  if (a == ncclSuccess && st.pending > 0) {
+    --st.pending;
+    a = ncclInProgress;
+  }
+  *asyncError = a;
   return ncclSuccess;
 }
 
@@ -694,11 +785,17 @@ ncclResult_t ncclGroupEnd(void) {
   std::vector<Call> calls;
   calls.swap(t_group);
   ncclResult_t first = ncclSuccess;
+  bool nonblocking = false;
   for (Call& c : calls) {
+    std::shared_ptr<CommState> st = c.st;
     ncclResult_t r = issue(std::move(c));
     if (r != ncclSuccess && first == ncclSuccess) first = r;
+    if (r == ncclSuccess && st->nonblocking) {
+      nonblocking = true;
+      accepted(*st, r);
+    }
   }
-  return first;
+  return first == ncclSuccess && nonblocking ? ncclInProgress : first;
 }
 
 }  // extern "C"

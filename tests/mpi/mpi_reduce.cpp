@@ -9,6 +9,7 @@
 // user stream the calls are given): "mpi-nccl(np=N): ...". The host-buffer misuse cases (unused-grad
 // error policy, broadcast) run only on MPI; the GPU suite covers those on NCCL.
 #include <mpi.h>
+#include <unistd.h>
 #ifndef DDP_TEST_NCCL
 #define DDP_TEST_NCCL 0
 #endif
@@ -496,6 +497,46 @@ void test_broadcast() {
   record("broadcast from the last rank", ok, why);
 }
 
+// The last rank starts its backward pass a whole timeout late. Every other rank's DDP_ERR_TIMEOUT
+// names it as behind and says where each rank is: on NCCL through the MPI communicator that
+// ddp_comm_init_nccl_mpi keeps. Run last: the late rank's collective is left to match the others'.
+void test_stall_inspection() {
+  if (g_world == 1) return;
+  const int64_t timeout_ms = 1500;
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  ddp_t d = nullptr;
+  std::string why;
+  bool ok = ddp_create(g_comm, &cfg, &d) == DDP_SUCCESS;
+  void* grad = grad_alloc(4000);
+  int idx = -1;
+  ok = ok && ddp_register_grad(d, grad, 1000, DDP_F32, 0, &idx) == DDP_SUCCESS;
+  for (int it = 0; it < 2 && ok; ++it) {
+    if (it == 1) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (g_rank == g_world - 1) usleep(static_cast<useconds_t>((timeout_ms + 1500) * 1000));
+    }
+    ddp_status_t st = ddp_begin_backward(d, nullptr);
+    if (!st) st = ddp_grad_ready(d, idx);
+    if (!st) st = ddp_finish_backward(d, nullptr);
+    if (!st) st = ddp_synchronize(d);
+    if (it == 0) {
+      ok = expect_status(st, DDP_SUCCESS, nullptr, &why);
+    } else if (g_rank != g_world - 1) {
+      char needle[64];
+      std::snprintf(needle, sizeof needle, "behind this rank: rank %d", g_world - 1);
+      ok = expect_status(st, DDP_ERR_TIMEOUT, needle, &why) &&
+           expect_status(st, DDP_ERR_TIMEOUT, "(this rank): iteration 1", &why);
+    }
+  }
+  if (!ok && why.empty()) why = "setup failed";
+  if (g_rank != g_world - 1) usleep(static_cast<useconds_t>(timeout_ms * 1000));  // the late rank may ask too
+  ddp_destroy(d);
+  grad_free(grad);
+  record("a late rank is named by the others' timeout, with every rank's position", ok, why);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -527,6 +568,7 @@ int main(int argc, char** argv) {
     test_unused_error_policy();
     test_broadcast();
   }
+  if (DDP_TEST_NCCL) test_stall_inspection();
   ddp_comm_destroy(g_comm);
   if (g_rank == 0)
     std::printf("%s(np=%d, seed=%llu): %d passed, %d failed\n", label, g_world, static_cast<unsigned long long>(seed),

@@ -42,7 +42,8 @@ const SYMS = Dict{Symbol,Ptr{Cvoid}}()
 # Every function of ddp.h; resolved once at load so that finalizers only read the table.
 const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_init_mpi, :ddp_comm_init_self,
                    :ddp_local_group_create, :ddp_comm_init_local, :ddp_local_group_destroy, :ddp_nccl_get_unique_id,
-                   :ddp_comm_init_nccl, :ddp_comm_init_nccl_mpi, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
+                   :ddp_comm_init_nccl, :ddp_comm_init_nccl_mpi,
+                   :ddp_comm_init_nccl_timeout, :ddp_comm_init_nccl_mpi_timeout, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
                    :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
                    :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,

@@ -126,6 +126,8 @@ FUNCTIONS = {
     "ddp_nccl_get_unique_id": (ddp_status_t, [_P(ddp_nccl_id_t)]),
     "ddp_comm_init_nccl": (ddp_status_t, [_P(ddp_nccl_id_t), _int, _int, _int, _P(ddp_comm_t)]),
     "ddp_comm_init_nccl_mpi": (ddp_status_t, [_vp, _int, _P(ddp_comm_t)]),
+    "ddp_comm_init_nccl_timeout": (ddp_status_t, [_P(ddp_nccl_id_t), _int, _int, _int, ctypes.c_int64, _P(ddp_comm_t)]),
+    "ddp_comm_init_nccl_mpi_timeout": (ddp_status_t, [_vp, _int, ctypes.c_int64, _P(ddp_comm_t)]),
     "ddp_comm_wrap_nccl": (ddp_status_t, [_vp, _P(ddp_comm_t)]),
     "ddp_comm_rank": (ddp_status_t, [ddp_comm_t, _P(_int)]),
     "ddp_comm_size": (ddp_status_t, [ddp_comm_t, _P(_int)]),

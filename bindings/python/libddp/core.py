@@ -138,21 +138,30 @@ class Comm(_Handle):
         return ctypes.string_at(ctypes.addressof(nid), 128)
 
     @classmethod
-    def nccl(cls, unique_id, nranks, rank, device=0):
-        """Device-memory comm over NCCL for `rank` of `nranks` on CUDA device `device`. Collective."""
+    def nccl(cls, unique_id, nranks, rank, device=0, timeout_ms=None):
+        """Device-memory comm over NCCL for `rank` of `nranks` on CUDA device `device`. Collective.
+        Gives up with TimeoutError after `timeout_ms` (default: DDP_INIT_TIMEOUT_MS, else 300000;
+        0 waits forever) with NCCL 2.14 or later."""
         if len(unique_id) != 128:
             raise InvalidArgumentError("libddp: an NCCL unique id has 128 bytes")
         nid = L.ddp_nccl_id_t()
         ctypes.memmove(ctypes.addressof(nid), bytes(unique_id), 128)
         h = L.ddp_comm_t()
-        L.lib.ddp_comm_init_nccl(ctypes.byref(nid), nranks, rank, device, ctypes.byref(h))
+        if timeout_ms is None:
+            L.lib.ddp_comm_init_nccl(ctypes.byref(nid), nranks, rank, device, ctypes.byref(h))
+        else:
+            L.lib.ddp_comm_init_nccl_timeout(ctypes.byref(nid), nranks, rank, device, int(timeout_ms), ctypes.byref(h))
         return cls(h.value)
 
     @classmethod
-    def nccl_mpi(cls, device=0, mpi_comm=None):
-        """NCCL comm whose id is made on rank 0 of MPI_COMM_WORLD (or `mpi_comm`) and sent over MPI."""
+    def nccl_mpi(cls, device=0, mpi_comm=None, timeout_ms=None):
+        """NCCL comm whose id is made on rank 0 of MPI_COMM_WORLD (or `mpi_comm`) and sent over MPI;
+        bounded as nccl()."""
         h = L.ddp_comm_t()
-        L.lib.ddp_comm_init_nccl_mpi(mpi_comm, device, ctypes.byref(h))
+        if timeout_ms is None:
+            L.lib.ddp_comm_init_nccl_mpi(mpi_comm, device, ctypes.byref(h))
+        else:
+            L.lib.ddp_comm_init_nccl_mpi_timeout(mpi_comm, device, int(timeout_ms), ctypes.byref(h))
         return cls(h.value)
 
     @classmethod

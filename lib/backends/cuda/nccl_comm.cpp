@@ -7,7 +7,9 @@
 #include <nccl.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <mutex>
 #include <thread>
 
@@ -18,15 +20,14 @@ namespace ddp {
 
 namespace {
 
-// One macro for every NCCL return code. `comm` (may be null) adds NCCL's last error text.
-const char* nccl_last_error(ncclComm_t comm);
-#define DDP_NCCL_CHECK(call, comm)                                                     \
-  do {                                                                                 \
-    ncclResult_t ddp_nccl_rc_ = (call);                                                \
-    if (ddp_nccl_rc_ != ncclSuccess)                                                   \
-      fail(DDP_ERR_NCCL, "%s failed: %s%s%s", #call, ncclGetErrorString(ddp_nccl_rc_), \
-           nccl_last_error(comm)[0] ? ": " : "", nccl_last_error(comm));               \
-  } while (0)
+void nccl_check(ncclResult_t rc, ncclComm_t comm, Deadline dl, const char* call);
+ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank, int64_t timeout_ms);
+
+// One macro for every NCCL return code: a call a nonblocking communicator answers with ncclInProgress
+// is waited for until `dl` (DDP_ERR_TIMEOUT after it). `comm` (may be null) is the communicator the
+// call works on; NCCL's last error text is added to the message.
+#define DDP_NCCL_RUN(call, comm, dl) nccl_check((call), (comm), (dl), #call)
+#define DDP_NCCL_CHECK(call, comm) nccl_check((call), (comm), Deadline::never(), #call)
 
 static_assert(sizeof(ddp_nccl_id_t) == sizeof(ncclUniqueId), "ddp_nccl_id_t must hold an ncclUniqueId");
 
@@ -36,9 +37,11 @@ struct NcclApi {
   int version = 0;  // ncclGetVersion: 10000*major + 100*minor + patch (2.9 and later)
   ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;  // 2.18
   ncclResult_t (*premul_create)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t,
-                                ncclComm_t) = nullptr;            // 2.11
-  ncclResult_t (*op_destroy)(ncclRedOp_t, ncclComm_t) = nullptr;  // 2.11
-  const char* (*last_error)(ncclComm_t) = nullptr;                // 2.13
+                                ncclComm_t) = nullptr;                                        // 2.11
+  ncclResult_t (*op_destroy)(ncclRedOp_t, ncclComm_t) = nullptr;                              // 2.11
+  const char* (*last_error)(ncclComm_t) = nullptr;                                            // 2.13
+  ncclResult_t (*init_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;  // 2.14
+  ncclResult_t (*finalize)(ncclComm_t) = nullptr;                                             // 2.14
 };
 
 const NcclApi& api() {
@@ -56,9 +59,12 @@ const NcclApi& api() {
     a.premul_create = reinterpret_cast<decltype(a.premul_create)>(dlsym(scope, "ncclRedOpCreatePreMulSum"));
     a.op_destroy = reinterpret_cast<decltype(a.op_destroy)>(dlsym(scope, "ncclRedOpDestroy"));
     a.last_error = reinterpret_cast<decltype(a.last_error)>(dlsym(scope, "ncclGetLastError"));
+    a.init_config = reinterpret_cast<decltype(a.init_config)>(dlsym(scope, "ncclCommInitRankConfig"));
+    a.finalize = reinterpret_cast<decltype(a.finalize)>(dlsym(scope, "ncclCommFinalize"));
     if (h) dlclose(h);  // NOLOAD took a reference to the already loaded library; it stays loaded
     if (a.version < 21800) a.comm_split = nullptr;
     if (a.version < 21100) a.premul_create = nullptr, a.op_destroy = nullptr;
+    if (a.version < 21400) a.init_config = nullptr, a.finalize = nullptr;  // no nonblocking communicators
   });
   return a;
 }
@@ -68,6 +74,35 @@ const char* nccl_last_error(ncclComm_t comm) {
   if (!a.last_error) return "";
   const char* s = a.last_error(comm);
   return s ? s : "";
+}
+
+void backoff(unsigned spin) {
+  if (spin < 64)
+    sched_yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 50 : 1000));
+}
+
+// A nonblocking communicator answers ncclInProgress while a call goes on in the background, and
+// nothing else may be called on it until ncclCommGetAsyncError stops saying so. ncclInProgress here
+// means `dl` passed first.
+ncclResult_t settle(ncclResult_t rc, ncclComm_t comm, Deadline dl) {
+  if (rc != ncclInProgress || !comm) return rc;
+  for (unsigned spin = 0;; ++spin) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclResult_t q = ncclCommGetAsyncError(comm, &state)) return q;
+    if (state != ncclInProgress || dl.passed()) return state;
+    backoff(spin);
+  }
+}
+
+void nccl_check(ncclResult_t rc, ncclComm_t comm, Deadline dl, const char* call) {
+  rc = settle(rc, comm, dl);
+  if (rc == ncclSuccess) return;
+  if (rc == ncclInProgress)
+    fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled or died", call);
+  const char* last = nccl_last_error(comm);
+  fail(DDP_ERR_NCCL, "%s failed: %s%s%s", call, ncclGetErrorString(rc), last[0] ? ": " : "", last);
 }
 
 ncclDataType_t nccl_type(Dtype d) {
@@ -82,7 +117,10 @@ ncclDataType_t nccl_type(Dtype d) {
 
 class NcclComm final : public Comm, public AsyncErrorSource {
  public:
-  NcclComm(ncclComm_t c, int device, bool owned) : comm_(c), device_(device), owned_(owned) {
+  // `mpi` (may be null) is the MPI communicator the NCCL one was made over; `timeout_ms` bounds
+  // the creation of duplicates.
+  NcclComm(ncclComm_t c, int device, bool owned, std::unique_ptr<Comm> mpi = nullptr, int64_t timeout_ms = 0)
+      : comm_(c), device_(device), owned_(owned), mpi_(std::move(mpi)), timeout_ms_(timeout_ms) {
     DDP_NCCL_CHECK(ncclCommUserRank(comm_, &rank_), comm_);
     DDP_NCCL_CHECK(ncclCommCount(comm_, &size_), comm_);
   }
@@ -93,7 +131,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     if (comm_ && !stalled_)
       for (auto& op : ops_) api().op_destroy(op.op, comm_);
     if (comm_ && owned_) {
-      if (stalled_)
+      if (stalled_ || !finalize())
         ncclCommAbort(comm_);  // a stuck collective would make ncclCommDestroy wait forever
       else
         ncclCommDestroy(comm_);
@@ -110,18 +148,28 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   std::unique_ptr<Comm> dup() override {
     live();
     DeviceGuard g(device_);
+    std::unique_ptr<Comm> mpi = mpi_ ? mpi_->dup() : nullptr;
+    const Deadline dl = Deadline::after_ms(timeout_ms_);
     ncclComm_t c = nullptr;
     if (api().comm_split) {
-      DDP_NCCL_CHECK(api().comm_split(comm_, 0, rank_, &c, nullptr), comm_);
+      // The new communicator inherits this one's configuration (nonblocking or not) and is polled.
+      ncclResult_t rc = api().comm_split(comm_, 0, rank_, &c, nullptr);
+      if (rc == ncclInProgress && !c) rc = settle(rc, comm_, dl);
+      try {
+        DDP_NCCL_RUN(rc, c, dl);
+      } catch (...) {
+        if (c) ncclCommAbort(c);
+        throw;
+      }
     } else {
       // Before NCCL 2.18: a fresh id from rank 0, sent over this communicator.
       ncclUniqueId id;
       std::memset(&id, 0, sizeof id);
       if (rank_ == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
-      broadcast_host(&id, sizeof id, 0, Deadline::never());
-      DDP_NCCL_CHECK(ncclCommInitRank(&c, size_, id, rank_), nullptr);
+      broadcast_host(&id, sizeof id, 0, dl);
+      c = init_rank(id, size_, rank_, timeout_ms_);
     }
-    return std::unique_ptr<Comm>(new NcclComm(c, device_, true));
+    return std::unique_ptr<Comm>(new NcclComm(c, device_, true, std::move(mpi), timeout_ms_));
   }
 
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new CudaDevice(device_)); }
@@ -145,22 +193,40 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       fail(DDP_ERR_UNSUPPORTED, "NCCL %d.%d has no %s arithmetic (2.10 or later has)", api().version / 10000,
            api().version / 100 % 100, dtype_name(d));
     DeviceGuard g(device_);
-    DDP_NCCL_CHECK(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs->stream()), comm_);
+    DDP_NCCL_RUN(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs->stream()), comm_, dl);
+    in_group(dl);
     cs->watch(this, dl);
   }
 
-  void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline) override {
+  void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) override {
     live();
     if (root < 0 || root >= size_)
       fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     DeviceGuard g(device_);
-    DDP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)),
-                   comm_);
+    DDP_NCCL_RUN(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)), comm_,
+                 dl);
   }
 
   bool can_group() const override { return true; }
-  void group_start() override { DDP_NCCL_CHECK(ncclGroupStart(), nullptr); }
-  void group_end() override { DDP_NCCL_CHECK(ncclGroupEnd(), comm_); }
+  void group_start() override {
+    DDP_NCCL_CHECK(ncclGroupStart(), nullptr);
+    ++t_group.depth;
+  }
+  // A group may hold the collectives of several communicators (one per bucket stream); when NCCL
+  // answers ncclInProgress, every one of them is polled.
+  void group_end() override {
+    ncclResult_t rc = ncclGroupEnd();
+    if (--t_group.depth > 0) return DDP_NCCL_CHECK(rc, nullptr);
+    std::vector<GroupMember> members;
+    members.swap(t_group.members);
+    if (rc != ncclInProgress) return DDP_NCCL_CHECK(rc, comm_);
+    for (const GroupMember& m : members) DDP_NCCL_RUN(rc, m.comm, m.deadline);
+  }
+
+  // Through the MPI communicator this one was made over; without one, nothing can be asked.
+  std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
+    return mpi_ ? mpi_->make_prober(std::move(mine)) : nullptr;
+  }
 
   // The control path: host bytes staged through device memory on the communicator's own stream, and
   // waited for by polling against the deadline.
@@ -169,7 +235,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DeviceGuard g(device_);
     char* d = ctrl_buffer(bytes * (static_cast<size_t>(size_) + 1));
     DDP_CUDA_CHECK(cudaMemcpyAsync(d, in, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
-    DDP_NCCL_CHECK(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, ctrl_stream_), comm_);
+    DDP_NCCL_RUN(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, ctrl_stream_), comm_, dl);
     wait_ctrl(dl, "NCCL allgather (control path)");
     DDP_CUDA_CHECK(cudaMemcpy(out, d + bytes, bytes * static_cast<size_t>(size_), cudaMemcpyDeviceToHost));
   }
@@ -182,7 +248,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DeviceGuard g(device_);
     char* d = ctrl_buffer(bytes);
     if (rank_ == root) DDP_CUDA_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
-    DDP_NCCL_CHECK(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, ctrl_stream_), comm_);
+    DDP_NCCL_RUN(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, ctrl_stream_), comm_, dl);
     wait_ctrl(dl, "NCCL broadcast (control path)");
     DDP_CUDA_CHECK(cudaMemcpy(buf, d, bytes, cudaMemcpyDeviceToHost));
   }
@@ -217,6 +283,23 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   }
 
  private:
+  // The calls of a group are enqueued at its end: the communicators it holds are remembered.
+  struct GroupMember {
+    ncclComm_t comm;
+    Deadline deadline;
+  };
+  struct Group {
+    int depth = 0;
+    std::vector<GroupMember> members;
+  };
+  static thread_local Group t_group;
+  void in_group(Deadline dl) {
+    if (t_group.depth == 0) return;
+    for (const GroupMember& m : t_group.members)
+      if (m.comm == comm_) return;
+    t_group.members.push_back(GroupMember{comm_, dl});
+  }
+
   void live() const {
     if (aborted_ || !comm_) fail(DDP_ERR_ABORTED, "the NCCL communicator was aborted after an earlier error");
   }
@@ -270,11 +353,16 @@ class NcclComm final : public Comm, public AsyncErrorSource {
              "different collective",
              what);
       }
-      if (spin < 64)
-        sched_yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      backoff(spin);
     }
+  }
+
+  // Flushes a communicator before it is destroyed (ncclCommFinalize, bounded like creation); false
+  // if that failed or did not end in time, and the communicator must be aborted instead.
+  bool finalize() {
+    if (!api().finalize) return true;
+    ncclResult_t rc = settle(api().finalize(comm_), comm_, Deadline::after_ms(timeout_ms_));
+    return rc == ncclSuccess;
   }
 
   struct PreMulOp {
@@ -286,6 +374,8 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   ncclComm_t comm_;
   int device_;
   bool owned_;
+  std::unique_ptr<Comm> mpi_;
+  int64_t timeout_ms_;
   int rank_ = 0, size_ = 1;
   bool aborted_ = false, stalled_ = false;
   std::vector<PreMulOp> ops_;
@@ -293,6 +383,47 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void* ctrl_buf_ = nullptr;
   size_t ctrl_bytes_ = 0;
 };
+
+// A new communicator of `nranks`. With NCCL 2.14 or later it is made nonblocking and polled, so that
+// a rank that never joins costs `timeout_ms`, not the job: then it is aborted.
+ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank, int64_t timeout_ms) {
+  ncclComm_t c = nullptr;
+  if (!api().init_config) {
+    DDP_NCCL_CHECK(ncclCommInitRank(&c, nranks, id, rank), nullptr);
+    return c;
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t rc = api().init_config(&c, nranks, id, rank, &config);
+  if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(ncclInProgress, c, Deadline::after_ms(timeout_ms));
+  if (rc == ncclSuccess) return c;
+  const std::string last = nccl_last_error(c);
+  if (c) ncclCommAbort(c);
+  if (rc == ncclInProgress)
+    fail(DDP_ERR_TIMEOUT,
+         "rank %d of %d: the NCCL communicator was not created within %lld ms: a rank did not call "
+         "ddp_comm_init_nccl with the same id and nranks, died, or cannot reach this one",
+         rank, nranks, static_cast<long long>(timeout_ms));
+  fail(DDP_ERR_NCCL, "ncclCommInitRankConfig failed: %s%s%s", ncclGetErrorString(rc), last.empty() ? "" : ": ",
+       last.c_str());
+}
+
+std::unique_ptr<Comm> make_nccl_comm_over(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                          int64_t timeout_ms, std::unique_ptr<Comm> mpi) {
+  require_cuda_device(cuda_device);
+  ncclUniqueId uid;
+  std::memcpy(&uid, id->bytes, sizeof uid);
+  DeviceGuard g(cuda_device);
+  ncclComm_t c = init_rank(uid, nranks, rank, timeout_ms);
+  try {
+    return std::unique_ptr<Comm>(new NcclComm(c, cuda_device, true, std::move(mpi), timeout_ms));
+  } catch (...) {
+    ncclCommAbort(c);
+    throw;
+  }
+}
+
+thread_local NcclComm::Group NcclComm::t_group;
 
 }  // namespace
 
@@ -303,29 +434,26 @@ void nccl_get_unique_id(ddp_nccl_id_t* id) {
   std::memcpy(id->bytes, &uid, sizeof uid);
 }
 
-std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device) {
-  require_cuda_device(cuda_device);
-  ncclUniqueId uid;
-  std::memcpy(&uid, id->bytes, sizeof uid);
-  DeviceGuard g(cuda_device);
-  ncclComm_t c = nullptr;
-  DDP_NCCL_CHECK(ncclCommInitRank(&c, nranks, uid, rank), nullptr);
-  try {
-    return std::unique_ptr<Comm>(new NcclComm(c, cuda_device, true));
-  } catch (...) {
-    ncclCommDestroy(c);
-    throw;
-  }
+std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
+                                     int64_t timeout_ms) {
+  return make_nccl_comm_over(id, nranks, rank, cuda_device, timeout_ms, nullptr);
 }
 
-std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device) {
+std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms) {
   require_cuda_device(cuda_device);
   std::unique_ptr<Comm> mpi = make_mpi_comm(mpi_comm);
   ddp_nccl_id_t id;
   std::memset(&id, 0, sizeof id);
   if (mpi->rank() == 0) nccl_get_unique_id(&id);
-  mpi->broadcast_host(&id, sizeof id, 0, Deadline::never());
-  return make_nccl_comm(&id, mpi->size(), mpi->rank(), cuda_device);
+  const auto t0 = std::chrono::steady_clock::now();
+  mpi->broadcast_host(&id, sizeof id, 0, Deadline::after_ms(timeout_ms));
+  int64_t left = timeout_ms;
+  if (timeout_ms > 0) {
+    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    left = std::max<int64_t>(1, timeout_ms - spent.count());
+  }
+  const int nranks = mpi->size(), rank = mpi->rank();
+  return make_nccl_comm_over(&id, nranks, rank, cuda_device, left, std::move(mpi));
 }
 
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm) {
