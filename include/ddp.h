@@ -209,7 +209,7 @@ DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
  * --------------------------------------------------------------------------------------------- */
 
 #define DDP_CONFIG_MAGIC 0xDD9C0F16u
-#define DDP_CONFIG_VERSION 2u
+#define DDP_CONFIG_VERSION 3u
 
 typedef struct ddp_config {
   size_t size;      /* sizeof(ddp_config_t) as compiled by the caller */
@@ -265,6 +265,15 @@ typedef struct ddp_config {
    * where every rank that answers stands; the wait goes on until timeout_ms. 0 (default) is the
    * library's choice, 60000 (one minute); a value >= timeout_ms never warns before the timeout. */
   int64_t stall_warning_ms;
+
+  /* Version 3 (libddp 0.2). Sharded reduction, for sharded optimizers (ZeRO-1/2, Megatron's
+   * distributed optimizer): each bucket is reduce-scattered instead of allreduced, so that
+   * ddp_finish_backward leaves in each bucket only this rank's shard reduced and scaled (see
+   * ddp_get_shard); the library also keeps a parameter arena of the same layout (ddp_param_ptr) that
+   * ddp_gather_params all-gathers after the optimizer updated each rank's shard. Needs
+   * DDP_LAYOUT_ARENA and DDP_PLAN_REGISTRATION (the learned plan would move every shard, and the
+   * optimizer state over it, after the first iteration); ddp_create refuses other combinations. */
+  int shard;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
@@ -291,7 +300,8 @@ typedef struct ddp_config {
         0,                  /* check_finite: off */                                 \
         0,                  /* inplace_min_numel: the library's choice */           \
         0,                  /* host_piece_bytes: the library's choice */            \
-        0                   /* stall_warning_ms: the library's choice (60 s) */     \
+        0,                  /* stall_warning_ms: the library's choice (60 s) */     \
+        0                   /* shard: off */                                        \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -436,6 +446,70 @@ DDP_API ddp_status_t ddp_get_plan(ddp_t ddp, int* num_buckets, int* learned);
 /* Bucket `bucket` of the current plan into *info (whose `size` the caller set), and up to `capacity`
  * of its grad indices, in bucket order, into `grads` (may be NULL with capacity 0). */
 DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity);
+
+/* ------------------------------------------------------------------------------------------------
+ * Sharded contexts (config.shard = 1). Each bucket is padded with zeros to a multiple of
+ * world_size * (256 bytes / element size) elements, and cut into world_size equal shards: rank r
+ * owns elements [r * shard_numel, (r + 1) * shard_numel) of every bucket, each shard starting
+ * 256-byte aligned. Padding is never part of a grad and stays zero unless the caller writes it.
+ * After ddp_finish_backward (or ddp_reduce_all) this rank's shard of each bucket holds the reduced,
+ * scaled grads (as an unsharded context's grads would); the rest of the bucket holds unspecified
+ * values (partial sums): read only the shard, and zero the grads before accumulating the next
+ * iteration's (as one does anyway). No-sync iterations accumulate whole local grads as usual.
+ * Every call below is DDP_ERR_INVALID_STATE on a context that is not sharded.
+ * --------------------------------------------------------------------------------------------- */
+
+/* This rank's shard of one bucket. A versioned struct, like ddp_bucket_info_t: set `size` to
+ * sizeof(ddp_shard_info_t) first; the smallest accepted size holds `grad_shard`. */
+typedef struct ddp_shard_info {
+  size_t size;         /* sizeof(ddp_shard_info_t) as compiled by the caller */
+  ddp_dtype_t dtype;   /* the bucket's type */
+  size_t bucket_numel; /* elements of the bucket, padding included: world_size * shard_numel */
+  size_t shard_numel;  /* elements of every rank's shard */
+  size_t shard_offset; /* this rank's shard's first element, counted from the bucket's start */
+  size_t arena_offset; /* the same element, in bytes from the start of the arena */
+  void* grad_shard;    /* this rank's shard in the grad arena */
+  void* param_shard;   /* the same range of the parameter arena */
+  size_t grads_numel;  /* elements of the bucket that belong to grads (the rest is padding) */
+} ddp_shard_info_t;
+
+/* This rank's shard of bucket `bucket` (closing registration if open). */
+DDP_API ddp_status_t ddp_get_shard(ddp_t ddp, int bucket, ddp_shard_info_t* info);
+
+/* Which elements of grad `index` this rank owns: [*first, *first + *count) of the grad (*count 0 if
+ * none), at element *shard_pos of its bucket's shard. Any output may be NULL. */
+DDP_API ddp_status_t ddp_grad_shard(ddp_t ddp, int index, size_t* first, size_t* count, size_t* shard_pos);
+
+/* Where parameter `index` (the one grad `index` belongs to, same numel and dtype) lives in the
+ * library's parameter arena, which has the grad arena's layout (closing registration if open;
+ * allocated zeroed). Fill it yourself on every rank, or on one and call ddp_broadcast_params. */
+DDP_API ddp_status_t ddp_param_ptr(ddp_t ddp, int index, void** param);
+
+/* Broadcasts the whole parameter arena from `root`, in stream order on `stream` (GPU) or before it
+ * returns (host). Not inside a backward pass. Collective. */
+DDP_API ddp_status_t ddp_broadcast_params(ddp_t ddp, int root, void* stream);
+
+/* Launches the all-gather of every bucket's parameter shard, asynchronously: on the bucket streams,
+ * in the order the forward pass needs them (the last bucket of the plan first: it holds the first
+ * layers' parameters when grads were registered in forward order), the same on every rank. GPU: the
+ * gathers start after `stream`'s work so far (the optimizer's update). Allowed once after each
+ * reduction (ddp_finish_backward of a synced iteration, ddp_reduce_all) and before any; not inside a
+ * backward pass; DDP_ERR_INVALID_STATE otherwise, saying why. Collective. */
+DDP_API ddp_status_t ddp_gather_params(ddp_t ddp, void* stream);
+
+/* Waits for the gather of the bucket that holds parameter `index` (-1: every bucket): host memory
+ * returns once it is complete; GPU makes `stream` wait for it (no host sync). So a forward pass can
+ * use its first layers while later buckets still travel (Megatron's overlap_param_gather).
+ * DDP_ERR_INVALID_STATE if no gather was launched since the last reduction. Errors of the gather
+ * (timeouts) surface here, or at the next call that waits. */
+DDP_API ddp_status_t ddp_wait_params(ddp_t ddp, int index, void* stream);
+
+/* The global L2 norm of the reduced grads and the number of their non-finite elements, over every
+ * rank's shard: each rank sums its shards (squares in float64, NaN and Inf counted apart and left
+ * out of the sum), then one exchange of two numbers; every rank gets the same values. For gradient
+ * clipping and loss-scaling overflow checks without the full gradient. GPU: reads the grads after
+ * `stream`'s work so far, and waits on the host. Not inside a backward pass. Collective. */
+DDP_API ddp_status_t ddp_shard_norm(ddp_t ddp, void* stream, double* norm, uint64_t* nonfinite);
 
 /* Destroys the context: waits for its work (bounded by timeout_ms), frees its buffers (arena views
  * become invalid) and its communicator duplicates. Accepts NULL. Not collective. */

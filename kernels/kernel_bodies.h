@@ -98,6 +98,31 @@ DDP_HD bool nonfinite_thread(const typename T::storage* buf, size_t n, size_t b,
   return bad;
 }
 
+// The norm's terms, grid-stride: this thread's sum of the squares of its finite elements, in float64,
+// and its count of NaN and Inf (left out of the sum).
+template <class T>
+DDP_HD void norm_thread(const typename T::storage* buf, size_t n, size_t b, size_t t, size_t bdim, size_t gdim,
+                        double* sumsq, double* bad) {
+  const size_t stride = gdim * bdim;
+  double s = 0.0, k = 0.0;
+  for (size_t i = b * bdim + t; i < n; i += stride) {
+    if (elem::is_nonfinite<T>(buf[i])) {
+      k += 1.0;
+      continue;
+    }
+    const double v = static_cast<double>(T::load(buf[i]));
+    s += v * v;
+  }
+  *sumsq = s;
+  *bad = k;
+}
+
+// A block's sum of its threads' terms in a fixed tree (the order a GPU's shared-memory reduction
+// adds them): for half = bdim / 2, bdim / 4, ..., 1, thread t < half adds slot t + half into slot t.
+DDP_HD void tree_step(double* slots, size_t t, size_t half) {
+  if (t < half) slots[t] += slots[t + half];
+}
+
 // Calls f(elem::F16{}) ... f(elem::F64{}) for `d`; false for a value that is no dtype.
 template <class F>
 inline bool with_dtype(ddp_dtype_t d, F&& f) {

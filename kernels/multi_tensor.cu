@@ -26,6 +26,21 @@ __global__ void nonfinite_kernel(const typename T::storage* buf, size_t n, unsig
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1u;
 }
 
+template <class T>
+__global__ void __launch_bounds__(kThreads) norm_kernel(const typename T::storage* buf, size_t n, double* partials) {
+  __shared__ double sq[kThreads], bad[kThreads];
+  norm_thread<T>(buf, n, blockIdx.x, threadIdx.x, blockDim.x, gridDim.x, &sq[threadIdx.x], &bad[threadIdx.x]);
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    __syncthreads();
+    tree_step(sq, threadIdx.x, half);
+    tree_step(bad, threadIdx.x, half);
+  }
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = sq[0];
+    partials[2 * blockIdx.x + 1] = bad[0];
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src, ddp_dtype_t dst,
@@ -65,6 +80,20 @@ cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsig
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
     nonfinite_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const typename T::storage*>(buf), n, flag);
+    rc = cudaGetLastError();
+  });
+  return rc;
+}
+
+cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* partials, unsigned* blocks,
+                        cudaStream_t stream) {
+  *blocks = 0;
+  if (n == 0) return cudaSuccess;
+  cudaError_t rc = cudaErrorInvalidValue;
+  with_dtype(dtype, [&](auto t) {
+    typedef decltype(t) T;
+    *blocks = grid_for(n);
+    norm_kernel<T><<<*blocks, kThreads, 0, stream>>>(static_cast<const typename T::storage*>(buf), n, partials);
     rc = cudaGetLastError();
   });
   return rc;

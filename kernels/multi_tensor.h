@@ -31,5 +31,12 @@ cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, c
 // Sets *flag (device memory) to 1 if buf holds a NaN or Inf; leaves it alone otherwise.
 cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsigned* flag, cudaStream_t stream);
 
+// The norm's terms of buf, per block: partials[2 * b] is block b's sum of squares of finite elements
+// (float64), partials[2 * b + 1] its count of NaN and Inf; *blocks (host) says how many blocks ran,
+// at most kNormMaxBlocks, so partials (device memory) needs 2 * kNormMaxBlocks doubles.
+constexpr unsigned kNormMaxBlocks = 4096;
+cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* partials, unsigned* blocks,
+                        cudaStream_t stream);
+
 }  // namespace kern
 }  // namespace ddp

@@ -63,13 +63,16 @@ $(SIM_GPU_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(SIM_GPU_SRCS)) $(BUILD)/lib/libd
 	$(call say,LINK,$@)
 	$(Q)$(CXX) -o $@ $(filter %.o %.a,$^) $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-# The multi-rank reduction suite over the simulated NCCL.
+# The multi-rank reduction and shard suites over the simulated NCCL.
 SIM_MPI_BIN := $(BUILD)/tests/mpi_nccl
-$(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp $(BUILD)/lib/libddp.so
-	$(call say,CXX,$<)
+SIM_SHARD_BIN := $(BUILD)/tests/mpi_nccl_shard
+$(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp
+$(SIM_SHARD_BIN): tests/mpi/mpi_shard.cpp
+$(SIM_MPI_BIN) $(SIM_SHARD_BIN): tests/mpi/reference.hpp tests/mpi/harness.hpp $(BUILD)/lib/libddp.so
+	$(call say,CXX,$(filter %.cpp,$^))
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(SIM_INC) -DDDP_TEST_NCCL=1 -DOMPI_SKIP_MPICXX=1 \
-	  $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(SIM_LINK) $(LDFLAGS_ALL) \
+	  $(MPI_CFLAGS) $(filter %.cpp,$^) -o $@ -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(SIM_LINK) $(LDFLAGS_ALL) \
 	  $(MPI_LIBS)
 
 # The example trainer's CUDA variant.
@@ -85,8 +88,8 @@ GPUSIM_TSAN ?=
 .PHONY: gpusim-run gpusim-gpu
 gpusim-gpu: $(SIM_GPU_BIN)
 	$(Q)DDP_GPUSIM_DEVICES=2 tests/gpu/suite.sh $(SIM_GPU_BIN)
-gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
+gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN)
 	$(Q)BUILD=$(BUILD) MPIRUN="$(MPIRUN)" TSAN_BUILD="$(GPUSIM_TSAN)" MAKE_CMD="$(MAKE) --no-print-directory" \
-	  tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
+	  SHARD_BIN=$(SIM_SHARD_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
 
 endif

@@ -343,6 +343,48 @@ ddp_status_t ddp_get_bucket(ddp_t d, int bucket, ddp_bucket_info_t* info, int* g
   });
 }
 
+ddp_status_t ddp_get_shard(ddp_t d, int bucket, ddp_shard_info_t* info) {
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(info, "info");
+    if (info->size < offsetof(ddp_shard_info_t, grad_shard) + sizeof(void*))
+      fail(DDP_ERR_INVALID_ARGUMENT, "info->size is %zu: set it to sizeof(ddp_shard_info_t)", info->size);
+    c.shard_info(bucket, info);
+  });
+}
+
+ddp_status_t ddp_grad_shard(ddp_t d, int index, size_t* first, size_t* count, size_t* shard_pos) {
+  return guard(__func__, [&] { ctx(d).grad_shard(index, first, count, shard_pos); });
+}
+
+ddp_status_t ddp_param_ptr(ddp_t d, int index, void** param) {
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(param, "param");
+    *param = c.param_ptr(index);
+  });
+}
+
+ddp_status_t ddp_broadcast_params(ddp_t d, int root, void* stream) {
+  return guard(__func__, [&] { ctx(d).broadcast_params(root, stream); });
+}
+
+ddp_status_t ddp_gather_params(ddp_t d, void* stream) {
+  return guard(__func__, [&] { ctx(d).gather_params(stream); });
+}
+
+ddp_status_t ddp_wait_params(ddp_t d, int index, void* stream) {
+  return guard(__func__, [&] { ctx(d).wait_params(index, stream); });
+}
+
+ddp_status_t ddp_shard_norm(ddp_t d, void* stream, double* norm, uint64_t* nonfinite) {
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(norm, "norm");
+    c.shard_norm(stream, norm, nonfinite);
+  });
+}
+
 ddp_status_t ddp_destroy(ddp_t d) {
   return guard(__func__, [&] { delete d; });
 }

@@ -110,6 +110,16 @@ class Device {
   virtual void reserve_flags(size_t slots) = 0;
   virtual void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) = 0;
   virtual bool take_nonfinite(size_t slot, Stream& s) = 0;
+  // Adds to out[0] the sum of the squares of buf's finite elements (float64) and to out[1] the number
+  // of its NaN and Inf, read after `s`'s work so far; the host waits for the answer (bounded by the
+  // deadlines of the collectives queued on `s`).
+  virtual void norm_terms(const void* buf, size_t n, Dtype d, Stream& s, double out[2]) = 0;
+  // Completion marks, one per slot (a bucket's parameter gather): mark records where `s` stands now,
+  // user_wait_mark makes the user's stream wait for it. GPU only: host streams finish their tasks on
+  // workers, and the reducer waits for those itself.
+  virtual void reserve_marks(size_t slots) {}
+  virtual void mark(size_t slot, Stream& s) {}
+  virtual void user_wait_mark(void* user_stream, size_t slot) {}
 };
 
 // The reductions a collective can fuse. PreMulSum multiplies every input by `factor` before summing
@@ -162,6 +172,17 @@ class Comm {
   // `s`. `send == recv` reduces in place; otherwise the two do not overlap and `send` is only read
   // (a copy-layout piece that lies in one grad goes straight from the grad, with no pack).
   virtual void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) = 0;
+  // Sharded reduction, in place, in stream order on `s`. `buf` holds size() chunks of `m` elements;
+  // afterwards chunk rank() holds the reduction over ranks of every rank's chunk rank(), and the other
+  // chunks hold unspecified values. The same bytes cross the wire as in allreduce's first half.
+  virtual void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream& s, Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "this communicator has no reduce-scatter");
+  }
+  // All-gather in place: `buf` holds size() chunks of `bytes`; chunk rank() of every rank reaches
+  // chunk rank() of every other rank's `buf`.
+  virtual void allgather(void* buf, size_t bytes, Stream& s, Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "this communicator has no all-gather");
+  }
   // In-place broadcast of `bytes` from `root` in the comm's memory kind, in stream order on the
   // user's `user_stream` (a cudaStream_t for NCCL; host comms run it synchronously).
   virtual void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) = 0;

@@ -127,6 +127,20 @@ void check_header(const ddp_config_t& c) {
   if (c.version == 0) fail(DDP_ERR_INVALID_ARGUMENT, "config->version is 0: %s", init);
 }
 
+// Settings that are each valid but cannot go together.
+void check_combination(const ddp_config_t& c) {
+  if (!c.shard) return;
+  if (c.layout != DDP_LAYOUT_ARENA)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.shard needs config.layout = DDP_LAYOUT_ARENA: a shard is one contiguous range of the "
+         "grad arena, which the copy layout (the caller's own grad buffers) does not have");
+  if (c.plan_order != DDP_PLAN_REGISTRATION)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.shard needs config.plan_order = DDP_PLAN_REGISTRATION: the learned plan re-lays out the "
+         "buckets after the first backward pass, which would move every rank's shard and the optimizer "
+         "state kept over it");
+}
+
 void copy_field(const Field& f, void* dst, const void* src) {
   std::memcpy(static_cast<char*>(dst) + f.offset, static_cast<const char*>(src) + f.offset, f.bytes);
 }
@@ -143,6 +157,7 @@ Settings read_config(const ddp_config_t* config) {
   }
   s.c.size = sizeof s.c;
   for (const Field& f : kFields) check_field(f, s.c);
+  check_combination(s.c);
   if (s.c.timeline_path && s.c.timeline_path[0]) {
     s.timeline_path = s.c.timeline_path;
   } else if (const char* env = std::getenv("DDP_TIMELINE")) {

@@ -17,6 +17,7 @@ struct Settings {
   std::vector<Comm*> stream_comms;  // resolved by the C shell from c.stream_comms; borrowed, or empty
 
   bool arena() const { return c.layout == DDP_LAYOUT_ARENA; }
+  bool sharded() const { return c.shard != 0; }
   bool learned() const { return c.plan_order == DDP_PLAN_LEARNED; }
   bool unused_zero() const { return c.unused_policy == DDP_UNUSED_ZERO; }
 };

@@ -119,6 +119,8 @@ void Context::commit_locked() {
     env.comms = comms_;
     for (auto& s : streams_) env.streams.push_back(s.get());
     env.world = world_;
+    env.rank = rank_;
+    env.shard = cfg_.sharded();
     env.arena = cfg_.arena();
     env.always_fp32 = (cfg_.c.allreduce_always_fp32 != 0);
     env.average = (cfg_.c.gradient_average != 0);

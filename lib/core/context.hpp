@@ -41,6 +41,14 @@ class Context {
   void stats(ddp_stats_t* out);
   void plan_info(int* num_buckets, int* learned);
   void bucket_info(int bucket, ddp_bucket_info_t* info, int* grads, size_t capacity);
+  // Sharded contexts (sharding.cpp).
+  void shard_info(int bucket, ddp_shard_info_t* info);
+  void grad_shard(int index, size_t* first, size_t* count, size_t* shard_pos);
+  void* param_ptr(int index);
+  void broadcast_params(int root, void* stream);
+  void gather_params(void* stream);
+  void wait_params(int index, void* stream);
+  void shard_norm(void* stream, double* norm, uint64_t* nonfinite);
 
  private:
   enum class State { Open, Idle, InBackward };
@@ -77,6 +85,9 @@ class Context {
   void log_summary();
   const Plan& committed_plan();
   void abort(const Error& e);
+  void check_sharded(const char* call) const;
+  // A reduction finished (or, with sync off, a backward pass only accumulated): what gathers may follow.
+  void shards_reduced(bool synced);
 
   std::mutex mu_;
   Settings cfg_;
@@ -97,6 +108,8 @@ class Context {
   bool sync_ = true;
   bool learning_ = false;         // this backward records the plan
   bool iteration_synced_ = true;  // sync setting of the backward in progress
+  bool gathered_ = false;         // sharded: parameters gathered since the last reduction
+  bool shards_local_ = false;     // sharded: the last backward pass only accumulated (sync off)
   bool aborted_ = false;
   std::string abort_reason_;
   int rank_ = 0, world_ = 1;

@@ -82,6 +82,7 @@ void Context::finish_backward(void* stream) {
   state_ = State::Idle;
   if (!iteration_synced_) {  // no_sync: grads only accumulated locally
     set_call(Call::Idle);
+    shards_reduced(false);
     return;
   }
   CallScope scope(this, Call::Finish, Call::Idle);
@@ -99,6 +100,7 @@ void Context::finish_backward(void* stream) {
     if (!cfg_.unused_zero()) unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline());
   });
   ++iterations_;
+  shards_reduced(true);
   if (timeline_) {
     timeline_->iteration(iterations_ - 1, begin_ns_, now_ns());
     timeline_->flush();
@@ -132,6 +134,7 @@ void Context::reduce_all(void* stream) {
     wait_buckets(stream);
   });
   ++iterations_;
+  shards_reduced(true);
 }
 
 }  // namespace ddp

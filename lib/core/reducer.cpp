@@ -1,8 +1,10 @@
 #include "core/reducer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "kernels/elementwise.h"
 
@@ -27,10 +29,23 @@ struct Reducer::BucketTask final : Task {
   void run() override;
 };
 
+// A bucket's parameter all-gather (sharded contexts): a task of its own, since it may still be queued
+// when the bucket's next reduction is submitted.
+struct Reducer::GatherTask final : Task {
+  Reducer* reducer = nullptr;
+  int bucket = 0;
+  uint64_t epoch = 0;
+  void run() override;
+};
+
 struct Reducer::BucketRt {
   BucketTask task;
-  SegmentTable packed;  // copy layout: grads packed into staging; arena: each grad's view
-  SegmentTable direct;  // copy layout: grads reduced in place, each its own collective
+  GatherTask gather_task;
+  std::atomic<uint64_t> gathered{0};  // host: the epoch of the last gather that completed
+  size_t padded = 0;                  // elements with the shard padding (sharded), else numel
+  size_t shard_n = 0;                 // elements per rank's shard (sharded)
+  SegmentTable packed;                // copy layout: grads packed into staging; arena: each grad's view
+  SegmentTable direct;                // copy layout: grads reduced in place, each its own collective
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
   size_t packed_numel = 0;
   size_t stage_offset = 0;  // bytes into its stream's staging buffer
@@ -58,6 +73,14 @@ void Reducer::BucketTask::run() {
     if (phase == Phase::All || phase == Phase::Out) reducer->stage_out(bucket);
   } catch (const Error& e) {
     throw Error(e.status(), reducer->where(bucket) + e.what());
+  }
+}
+
+void Reducer::GatherTask::run() {
+  try {
+    reducer->gather(bucket, epoch);
+  } catch (const Error& e) {
+    throw Error(e.status(), reducer->where(bucket) + "parameter gather: " + e.what());
   }
 }
 
@@ -89,6 +112,7 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
 Reducer::~Reducer() {
   for (void* p : staging_) env_.device->release(p);
   env_.device->release(arena_);
+  env_.device->release(params_);
 }
 
 std::string Reducer::where(int b) const {
@@ -106,25 +130,39 @@ void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
       total = (total + 255) / 256 * 256;
       base[b] = total;
-      total += plan.buckets[b].numel * dtype_size(plan.buckets[b].dtype);
+      total += padded_numel(plan.buckets[b]) * dtype_size(plan.buckets[b].dtype);
     }
     char* fresh = static_cast<char*>(env_.device->alloc(total));
+    char* fresh_params = env_.shard ? static_cast<char*>(env_.device->alloc(total)) : nullptr;
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bk = plan.buckets[b];
       for (size_t s = 0; s < bk.grads.size(); ++s) {
         size_t g = static_cast<size_t>(bk.grads[s]);
         void* to = fresh + base[b] + bk.offsets[s] * dtype_size(bk.dtype);
-        if (arena_) env_.device->copy(to, grad_ptr(static_cast<int>(g)), specs_[g].numel * dtype_size(bk.dtype));
+        const size_t bytes = specs_[g].numel * dtype_size(bk.dtype);
+        if (arena_) env_.device->copy(to, grad_ptr(static_cast<int>(g)), bytes);
+        if (params_)
+          env_.device->copy(fresh_params + (static_cast<char*>(to) - fresh), param_ptr(static_cast<int>(g)), bytes);
         ptrs[g] = to;
       }
     }
     old_arena = arena_;
     arena_ = fresh;
     arena_bytes_ = total;
+    env_.device->release(params_);
+    params_ = fresh_params;
   }
   plan_ = std::move(plan);
   build_runtime(ptrs);
   env_.device->release(old_arena);
+}
+
+// Sharded buckets are padded to a multiple of world shards of a multiple of 256 bytes each, so that
+// every shard has the same size and an aligned start.
+size_t Reducer::padded_numel(const Bucket& bk) const {
+  if (!env_.shard) return bk.numel;
+  const size_t unit = static_cast<size_t>(env_.world) * std::max<size_t>(1, 256 / dtype_size(bk.dtype));
+  return (bk.numel + unit - 1) / unit * unit;
 }
 
 // Bucket b's runtime: its wire type, pieces and factors, and which grads are packed or in place.
@@ -136,7 +174,12 @@ std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vec
   r->size = static_cast<int>(bk.grads.size());
   Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
   r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
-  r->piece = c.piece_elems(r->wire, env_.piece_bytes);
+  r->gather_task.reducer = r->task.reducer;
+  r->gather_task.bucket = r->task.bucket;
+  r->padded = padded_numel(bk);
+  r->shard_n = r->padded / static_cast<size_t>(env_.world);
+  // Sharded buckets go whole to the comm's reduce-scatter, which cuts its own pieces.
+  r->piece = env_.shard ? 0 : c.piece_elems(r->wire, env_.piece_bytes);
   r->red = red_;
   r->pre = pre_;
   r->post = post_;
@@ -178,7 +221,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
-      const size_t bytes = r->packed_numel * dtype_size(r->wire);
+      const size_t bytes = std::max(r->packed_numel, r->padded) * dtype_size(r->wire);
       if (can_group_) {
         // A grouped launch packs every bucket before any collective: each needs its own range.
         r->stage_offset = need;
@@ -201,6 +244,7 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     env_.streams[static_cast<size_t>(s)]->reserve(nb + 1);
   }
   if (env_.check_finite) env_.device->reserve_flags(nb);
+  if (env_.shard) env_.device->reserve_marks(nb);
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
@@ -378,14 +422,20 @@ void Reducer::collectives(int b, bool own_group) {
   auto [r, bk, s, d, c] = work(b);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   if (env_.arena && r.wire == bk.dtype) {
-    c.allreduce(r.base, r.base, bk.numel, bk.dtype, r.red, s, dl);
+    if (env_.shard)
+      c.reduce_scatter(r.base, r.shard_n, bk.dtype, r.red, s, dl);
+    else
+      c.allreduce(r.base, r.base, bk.numel, bk.dtype, r.red, s, dl);
     return;
   }
   const bool packed = !r.packed.segs.empty();
   const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
   if (group) c.group_start();
   void* st = staging(b);
-  if (packed) c.allreduce(st, st, r.packed_numel, r.wire, r.red, s, dl);
+  if (packed && env_.shard)
+    c.reduce_scatter(st, r.shard_n, r.wire, r.red, s, dl);
+  else if (packed)
+    c.allreduce(st, st, r.packed_numel, r.wire, r.red, s, dl);
   for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, r.red, s, dl);
   if (group) c.group_end();
 }
@@ -396,9 +446,17 @@ void Reducer::stage_out(int b) {
   if (!env_.arena || r.wire != bk.dtype) {
     if (!r.packed.segs.empty()) d.unpack(staging(b), r.wire, r.packed, bk.dtype, r.post, Span{0, r.packed_numel}, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, bk.dtype, r.post, s);
+    // Sharded: the whole staging buffer goes back (outside the shard the values are unspecified
+    // anyway), but only the shard is scanned.
+    const size_t lo = env_.shard ? std::min(r.packed_numel, static_cast<size_t>(env_.rank) * r.shard_n) : 0;
+    const size_t hi = env_.shard ? std::min(r.packed_numel, lo + r.shard_n) : r.packed_numel;
     size_t cursor = 0;
-    scan_packed(b, Span{0, r.packed_numel}, &cursor);
+    scan_packed(b, Span{lo, hi}, &cursor);
     for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
+  } else if (env_.shard) {
+    char* mine = r.base + static_cast<size_t>(env_.rank) * r.shard_n * dtype_size(bk.dtype);
+    d.scale(mine, r.shard_n, bk.dtype, r.post, s);
+    scan(b, mine, r.shard_n);
   } else {
     d.scale(r.base, bk.numel, bk.dtype, r.post, s);
     scan(b, r.base, bk.numel);
@@ -431,10 +489,10 @@ void Reducer::account(int b) {
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
   uint64_t bytes = 0;
   if (!env_.arena || r.wire != bk.dtype) {
-    bytes = r.packed_numel * dtype_size(r.wire);
+    bytes = std::max(r.packed_numel, r.padded) * dtype_size(r.wire);
     for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
   } else {
-    bytes = bk.numel * dtype_size(bk.dtype);
+    bytes = r.padded * dtype_size(bk.dtype);
   }
   const uint64_t t1 = now_ns();
   Counters& k = *env_.counters;
@@ -549,6 +607,77 @@ std::string Reducer::stuck(int si) const {
   for (int b = 0; b < next_; ++b)
     if (plan_.buckets[static_cast<size_t>(b)].stream == si && !rt_[static_cast<size_t>(b)]->done) return where(b);
   return format("iteration %llu, stream %d: ", static_cast<unsigned long long>(iteration_), si);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded contexts
+// ---------------------------------------------------------------------------------------------
+
+Reducer::ShardView Reducer::shard(int b) const {
+  const BucketRt& r = *rt_[static_cast<size_t>(b)];
+  const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
+  ShardView v;
+  v.dtype = bk.dtype;
+  v.padded = r.padded;
+  v.shard_n = r.shard_n;
+  v.lo = static_cast<size_t>(env_.rank) * r.shard_n;
+  v.numel = bk.numel;
+  v.arena_byte = static_cast<size_t>(r.base - arena_) + v.lo * dtype_size(bk.dtype);
+  v.grad = arena_ + v.arena_byte;
+  v.param = params_ ? params_ + v.arena_byte : nullptr;
+  return v;
+}
+
+void* Reducer::param_ptr(int g) const { return params_ + (static_cast<char*>(grad_ptr(g)) - arena_); }
+
+void Reducer::gather(int b, uint64_t epoch) {
+  auto [r, bk, s, d, c] = work(b);
+  c.allgather(params_ + (r.base - arena_), r.shard_n * dtype_size(bk.dtype), s, gather_deadline_);
+  if (s.runs_inline()) d.mark(static_cast<size_t>(b), s);
+  r.gathered.store(epoch, std::memory_order_release);
+}
+
+// In the order a forward pass needs the parameters: the plan's buckets follow backward's order, so
+// its last bucket holds the first layers.
+void Reducer::launch_gather(void* user_stream) {
+  ++gather_epoch_;
+  gather_deadline_ = Deadline::after_ms(env_.timeout_ms);
+  for (Stream* s : env_.streams) env_.device->stream_wait_user(*s, user_stream);
+  for (size_t b = rt_.size(); b-- > 0;) {
+    GatherTask& t = rt_[b]->gather_task;
+    t.epoch = gather_epoch_;
+    stream_of(static_cast<int>(b)).submit(&t);
+  }
+}
+
+void Reducer::wait_gathered(int b, void* user_stream) {
+  BucketRt& r = *rt_[static_cast<size_t>(b)];
+  Stream& s = stream_of(b);
+  if (s.runs_inline()) {
+    env_.device->user_wait_mark(user_stream, static_cast<size_t>(b));
+    s.poll_error();
+    return;
+  }
+  for (unsigned spin = 0; r.gathered.load(std::memory_order_acquire) < gather_epoch_; ++spin) {
+    s.poll_error();
+    if (gather_deadline_.passed())
+      fail(DDP_ERR_TIMEOUT,
+           "%sthe parameter gather did not complete before the timeout: another rank stalled, died or "
+           "issued a different collective",
+           where(b).c_str());
+    if (spin < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 4096 ? 20 : 500));
+  }
+}
+
+void Reducer::shard_norm_terms(void* user_stream, double out[2]) {
+  for (Stream* s : env_.streams) env_.device->stream_wait_user(*s, user_stream);
+  for (size_t b = 0; b < rt_.size(); ++b) {
+    const ShardView v = shard(static_cast<int>(b));
+    env_.device->norm_terms(v.grad, v.shard_n, v.dtype, stream_of(static_cast<int>(b)), out);
+  }
 }
 
 Dtype Reducer::wire(int b) const { return rt_[static_cast<size_t>(b)]->wire; }

@@ -33,7 +33,9 @@ struct ReducerEnv {
   std::vector<Comm*> comms;      // one per stream
   std::vector<Stream*> streams;  // one per stream
   int world = 1;
+  int rank = 0;
   bool arena = false;
+  bool shard = false;  // arena only: reduce-scatter each bucket, keep a parameter arena (see ddp.h)
   bool always_fp32 = false;
   bool average = true;
   double predivide = 1.0;
@@ -82,7 +84,28 @@ class Reducer {
   // Stops queued work after a fatal error.
   void cancel();
 
-  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_; }
+  // --- Sharded contexts ---
+  // This rank's shard of bucket b.
+  struct ShardView {
+    Dtype dtype;
+    size_t padded, shard_n, lo;  // the bucket's elements with padding, per rank, this rank's first
+    size_t numel;                // of them, grads' elements
+    size_t arena_byte;           // the shard's first byte, from the arena's start
+    char* grad;
+    char* param;
+  };
+  ShardView shard(int b) const;
+  // Where parameter g lives in the parameter arena.
+  void* param_ptr(int g) const;
+  char* param_arena() const { return params_; }
+  // Launches every bucket's parameter all-gather, the last bucket first, after `user_stream`'s work.
+  void launch_gather(void* user_stream);
+  // Waits for bucket b's gather (host) or makes `user_stream` wait for it (GPU).
+  void wait_gathered(int b, void* user_stream);
+  // out[0] += the sum of squares of this rank's shards' finite elements, out[1] += their NaN/Inf.
+  void shard_norm_terms(void* user_stream, double out[2]);
+
+  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_ + (params_ ? arena_bytes_ : 0); }
   uint64_t arena_bytes() const { return arena_bytes_; }
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
@@ -93,6 +116,7 @@ class Reducer {
 
  private:
   struct BucketTask;
+  struct GatherTask;
   struct BucketRt;
   enum class Phase { All, In, Collectives, Out };
   // What a bucket's work touches: its runtime, its plan entry, its stream, the device, its comm.
@@ -120,6 +144,8 @@ class Reducer {
   void scan(int b, const void* p, size_t n);
   void scan_packed(int b, Span span, size_t* cursor);
   void account(int b);
+  void gather(int b, uint64_t epoch);
+  size_t padded_numel(const Bucket& bk) const;
   std::string where(int b) const;
   void set_zero(int g, bool zero);
 
@@ -133,7 +159,10 @@ class Reducer {
   void* staging(int b) const;   // bucket b's range of its stream's staging buffer
   std::unique_ptr<BucketRt> make_bucket(size_t b, const std::vector<void*>& ptrs) const;
   uint64_t staging_bytes_ = 0;
-  char* arena_ = nullptr;  // arena layout: every bucket's storage, bucket after bucket
+  char* arena_ = nullptr;   // arena layout: every bucket's storage, bucket after bucket
+  char* params_ = nullptr;  // sharded: the parameter arena, laid out as arena_
+  uint64_t gather_epoch_ = 0;
+  Deadline gather_deadline_;
   uint64_t arena_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;

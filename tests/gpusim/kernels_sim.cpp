@@ -5,6 +5,7 @@
 // Every pointer a kernel dereferences must be device memory of the stream's device, or the device
 // faults (sticky cudaErrorIllegalAddress), as a GPU would.
 #include <string>
+#include <vector>
 
 #include "gpusim.h"
 #include "kernels/multi_tensor.h"
@@ -87,34 +88,35 @@ cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* 
   });
 }
 
-cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, cudaStream_t stream) {
+// The frame every grid-stride kernel shares: the stream's device, the dtype dispatch and the grid;
+// kernel(T{}, grid, device) returns what the stream runs.
+template <class K>
+cudaError_t launch_grid(size_t n, ddp_dtype_t dtype, cudaStream_t stream, K kernel) {
   if (n == 0) return cudaSuccess;
   const int device = gpusim::stream_device(stream);
   if (device < 0) return cudaErrorInvalidResourceHandle;
   cudaError_t rc = cudaErrorInvalidValue;
-  with_dtype(dtype, [&](auto t) {
+  with_dtype(dtype, [&](auto t) { rc = gpusim::enqueue(stream, kernel(t, grid_for(n), device)); });
+  return rc;
+}
+
+cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, cudaStream_t stream) {
+  return launch_grid(n, dtype, stream, [=](auto t, size_t grid, int device) {
     typedef decltype(t) T;
-    const size_t grid = grid_for(n);
-    rc = gpusim::enqueue(stream, [=] {
+    return [=] {
       typename T::storage* p = static_cast<typename T::storage*>(buf);
       if (!on_device(p, n * sizeof *p, device)) return check(false, device, "scale kernel: buffer out of bounds");
       for (size_t b = 0; b < grid; ++b)
         for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th)
           scale_thread<T>(p, n, scale, b, th, kThreads, grid);
-    });
+    };
   });
-  return rc;
 }
 
 cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsigned* flag, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int device = gpusim::stream_device(stream);
-  if (device < 0) return cudaErrorInvalidResourceHandle;
-  cudaError_t rc = cudaErrorInvalidValue;
-  with_dtype(dtype, [&](auto t) {
+  return launch_grid(n, dtype, stream, [=](auto t, size_t grid, int device) {
     typedef decltype(t) T;
-    const size_t grid = grid_for(n);
-    rc = gpusim::enqueue(stream, [=] {
+    return [=] {
       const typename T::storage* p = static_cast<const typename T::storage*>(buf);
       if (!on_device(p, n * sizeof *p, device) || !on_device(flag, sizeof *flag, device))
         return check(false, device, "nonfinite kernel: buffer or flag out of bounds");
@@ -124,9 +126,33 @@ cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsig
           any |= nonfinite_thread<T>(p, n, b, th, kThreads, grid);
         if (any) *flag = 1u;  // thread 0's store
       }
-    });
+    };
   });
-  return rc;
+}
+
+cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* partials, unsigned* blocks,
+                        cudaStream_t stream) {
+  *blocks = n ? grid_for(n) : 0;
+  return launch_grid(n, dtype, stream, [=](auto t, size_t grid, int device) {
+    typedef decltype(t) T;
+    return [=] {
+      const typename T::storage* p = static_cast<const typename T::storage*>(buf);
+      if (!on_device(p, n * sizeof *p, device) || !on_device(partials, 2 * grid * sizeof(double), device))
+        return check(false, device, "norm kernel: buffer or partials out of bounds");
+      std::vector<double> sq(kThreads), bad(kThreads);  // the block's shared memory
+      for (size_t b = 0; b < grid; ++b) {
+        for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th)
+          norm_thread<T>(p, n, b, th, kThreads, grid, &sq[th], &bad[th]);
+        for (size_t half = kThreads / 2; half > 0; half /= 2)
+          for (size_t th = 0; th < half; ++th) {
+            tree_step(sq.data(), th, half);
+            tree_step(bad.data(), th, half);
+          }
+        partials[2 * b] = sq[0];
+        partials[2 * b + 1] = bad[0];
+      }
+    };
+  });
 }
 
 }  // namespace kern

@@ -3,7 +3,8 @@
 # trainer's CUDA variant on 2 ranks (both layouts), and the GPU tests again under TSan. Each part
 # prints "name: P passed, F failed[, S skipped]"; the last line sums them:
 #   "gpusim: P passed, F failed, S skipped"
-# Usage: tests/gpusim/run.sh GPU_TESTS MPI_NCCL_BIN TRAINER_BIN (env: BUILD, MPIRUN, TSAN_BUILD, MAKE_CMD)
+# Usage: tests/gpusim/run.sh GPU_TESTS MPI_NCCL_BIN TRAINER_BIN (env: BUILD, MPIRUN, TSAN_BUILD, MAKE_CMD,
+# SHARD_BIN: the shard suite's binary)
 gpu_bin=$1 mpi_bin=$2 demo_bin=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -31,6 +32,13 @@ echo "== the multi-rank reduction suite over the simulated NCCL"
 out=$(DDP_GPUSIM_DEVICES=4 MPIRUN="$MPIRUN" "$root/tests/mpi/run.sh" "$mpi_bin" mpi-nccl 2>&1); rc=$?
 echo "$out" | tail -n 25
 add "$out" "mpi-nccl" $rc
+
+if [ -n "${SHARD_BIN:-}" ]; then
+  echo "== the multi-rank shard suite over the simulated NCCL"
+  out=$(DDP_GPUSIM_DEVICES=4 MPIRUN="$MPIRUN" "$root/tests/mpi/run.sh" "$SHARD_BIN" mpi-nccl-shard 2>&1); rc=$?
+  echo "$out" | tail -n 25
+  add "$out" "mpi-nccl-shard" $rc
+fi
 
 echo "== the example trainer, CUDA variant, 2 ranks over the simulated NCCL"
 p=0 f=0

@@ -10,12 +10,6 @@
 // error policy, broadcast) run only on MPI; the GPU suite covers those on NCCL.
 #include <mpi.h>
 #include <unistd.h>
-#ifndef DDP_TEST_NCCL
-#define DDP_TEST_NCCL 0
-#endif
-#if DDP_TEST_NCCL
-#include <cuda_runtime_api.h>
-#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -26,62 +20,10 @@
 #include <vector>
 
 #include "ddp.h"
+#include "harness.hpp"
 #include "reference.hpp"
 
 namespace {
-
-int g_rank = 0, g_world = 1;
-ddp_comm_t g_comm = nullptr;
-int g_passed = 0, g_failed = 0;
-
-// Grad storage: host memory on MPI, device memory on NCCL, and the copies in and out.
-void* grad_alloc(size_t bytes) {
-#if DDP_TEST_NCCL
-  void* p = nullptr;
-  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess || cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
-    std::fprintf(stderr, "cudaMalloc of %zu bytes failed\n", bytes);
-    std::abort();
-  }
-  return p;
-#else
-  return std::calloc(1, bytes ? bytes : 1);
-#endif
-}
-void grad_free(void* p) {
-#if DDP_TEST_NCCL
-  cudaFree(p);
-#else
-  std::free(p);
-#endif
-}
-void grad_write(void* dst, const std::vector<char>& host) {
-#if DDP_TEST_NCCL
-  if (cudaMemcpy(dst, host.data(), host.size(), cudaMemcpyHostToDevice) != cudaSuccess) std::abort();
-#else
-  std::memcpy(dst, host.data(), host.size());
-#endif
-}
-std::vector<char> grad_read(const void* src, size_t bytes) {
-  std::vector<char> host(bytes);
-#if DDP_TEST_NCCL
-  if (cudaMemcpy(host.data(), src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
-#else
-  std::memcpy(host.data(), src, bytes);
-#endif
-  return host;
-}
-
-// A test passes only if it passed on every rank.
-void record(const std::string& name, bool ok_here, const std::string& why) {
-  int ok = ok_here ? 1 : 0, all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!ok_here) std::fprintf(stderr, "[rank %d] FAIL %s: %s\n", g_rank, name.c_str(), why.c_str());
-  if (all)
-    ++g_passed;
-  else
-    ++g_failed;
-  if (!all && g_rank == 0) std::fprintf(stderr, "FAIL %s\n", name.c_str());
-}
 
 struct Case {
   int layout, plan, streams, delay, average, fp32;
@@ -117,15 +59,6 @@ struct Grad {
     grad_free(buf[1]);
   }
 };
-
-#define EXPECT_OK(call)                                                                      \
-  do {                                                                                       \
-    ddp_status_t st_ = (call);                                                               \
-    if (st_ != DDP_SUCCESS) {                                                                \
-      *why = std::string(#call) + " -> " + ddp_status_string(st_) + ": " + ddp_last_error(); \
-      return false;                                                                          \
-    }                                                                                        \
-  } while (0)
 
 void fill(Grad& g, void* p, uint64_t seed, int it, int gi) {
   std::vector<char> host(g.bytes());
@@ -192,10 +125,7 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
   cfg.timeout_ms = 60000;
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
-  struct Closer {
-    ddp_t d;
-    ~Closer() { ddp_destroy(d); }
-  } closer{d};
+  const Closer closer{d};
   for (Grad& g : grads) {
     if (!c.layout) {
       g.buf[0] = grad_alloc(g.bytes());
@@ -368,19 +298,6 @@ void test_large(uint64_t base_seed) {
 
 // --- misuse that needs several ranks -----------------------------------------------------------
 
-bool expect_status(ddp_status_t got, ddp_status_t want, const char* needle, std::string* why) {
-  if (got != want) {
-    *why = std::string("status ") + ddp_status_string(got) + ", wanted " + ddp_status_string(want) + " (" +
-           ddp_last_error() + ")";
-    return false;
-  }
-  if (needle && !std::strstr(ddp_last_error(), needle)) {
-    *why = std::string("message lacks '") + needle + "': " + ddp_last_error();
-    return false;
-  }
-  return true;
-}
-
 void test_mismatch() {
   const int last = g_world - 1;
   struct Variant {
@@ -540,27 +457,8 @@ void test_stall_inspection() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20261202;
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  MPI_Comm world = MPI_COMM_WORLD;
-#if DDP_TEST_NCCL
-  int ndev = 0;
-  cudaGetDeviceCount(&ndev);
-  const int device = ndev > 0 ? g_rank % ndev : 0;
-  cudaSetDevice(device);
-  const char* label = "mpi-nccl";
-  if (ddp_comm_init_nccl_mpi(&world, device, &g_comm) != DDP_SUCCESS) {
-#else
-  const char* label = "mpi";
-  if (ddp_comm_init_mpi(&world, &g_comm) != DDP_SUCCESS) {
-#endif
-    std::fprintf(stderr, "making the communicator: %s\n", ddp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
+  const char* label = start(&argc, &argv, "mpi", "mpi-nccl");
+  const uint64_t seed = shared_seed(argc, argv, 20261202);
   test_all_combinations(seed);
   test_large(seed);
   test_mismatch();
@@ -569,10 +467,5 @@ int main(int argc, char** argv) {
     test_broadcast();
   }
   if (DDP_TEST_NCCL) test_stall_inspection();
-  ddp_comm_destroy(g_comm);
-  if (g_rank == 0)
-    std::printf("%s(np=%d, seed=%llu): %d passed, %d failed\n", label, g_world, static_cast<unsigned long long>(seed),
-                g_passed, g_failed);
-  MPI_Finalize();
-  return g_failed ? 1 : 0;
+  return finish(label, seed);
 }

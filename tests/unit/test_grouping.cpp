@@ -58,6 +58,7 @@ class RecordingDevice final : public Device {
     g_log.push_back("take" + std::to_string(slot));
     return false;
   }
+  void norm_terms(const void*, size_t, Dtype, Stream&, double*) override { g_log.push_back("norm"); }
 };
 
 class RecordingComm final : public Comm {

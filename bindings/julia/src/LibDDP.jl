@@ -30,7 +30,7 @@ const ERR_INTERNAL = 11
 const VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
 const VERSION_CODE = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 const CONFIG_MAGIC = 0xDD9C0F16
-const CONFIG_VERSION = 2
+const CONFIG_VERSION = 3
 
 const F16, BF16, F32, F64 = Cint(0), Cint(1), Cint(2), Cint(3)
 dtype_of(::Type{Float16}) = F16
@@ -47,7 +47,8 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
                    :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
-                   :ddp_get_bucket, :ddp_destroy, :ddp_set_log_callback)
+                   :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr, :ddp_broadcast_params,
+                   :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback)
 
 # LIBDDP_PATH (a file or a directory) first; then the library `make` built in the repository this
 # package lives in (Pkg.develop(path="bindings/julia")); then the system's search path.
@@ -102,6 +103,7 @@ mutable struct Config
     inplace_min_numel::Csize_t
     host_piece_bytes::Csize_t  # version 2
     stall_warning_ms::Int64    # version 2
+    shard::Cint                # version 3
     Config() = new()
 end
 
@@ -119,6 +121,18 @@ struct Stats
     layout_epoch::UInt64
     world_size::Cint
     rank::Cint
+end
+
+struct ShardInfo
+    size::Csize_t
+    dtype::Cint
+    bucket_numel::Csize_t
+    shard_numel::Csize_t
+    shard_offset::Csize_t
+    arena_offset::Csize_t
+    grad_shard::Ptr{Cvoid}
+    param_shard::Ptr{Cvoid}
+    grads_numel::Csize_t
 end
 
 struct BucketInfo

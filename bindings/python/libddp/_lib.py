@@ -30,7 +30,7 @@ DDP_PLAN_LEARNED, DDP_PLAN_REGISTRATION = 0, 1
 DDP_UNUSED_ERROR, DDP_UNUSED_ZERO = 0, 1
 DDP_GRAD_TRIGGER = 1
 DDP_CONFIG_MAGIC = 0xDD9C0F16
-DDP_CONFIG_VERSION = 2
+DDP_CONFIG_VERSION = 3
 DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH = 0, 2, 0
 DDP_VERSION_CODE = DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH
 
@@ -60,6 +60,7 @@ class ddp_config_t(ctypes.Structure):
         ("inplace_min_numel", ctypes.c_size_t),
         ("host_piece_bytes", ctypes.c_size_t),  # version 2
         ("stall_warning_ms", ctypes.c_int64),  # version 2
+        ("shard", ctypes.c_int),  # version 3
     ]
 
 
@@ -96,12 +97,27 @@ class ddp_bucket_info_t(ctypes.Structure):
     ]
 
 
+class ddp_shard_info_t(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("dtype", ddp_dtype_t),
+        ("bucket_numel", ctypes.c_size_t),
+        ("shard_numel", ctypes.c_size_t),
+        ("shard_offset", ctypes.c_size_t),
+        ("arena_offset", ctypes.c_size_t),
+        ("grad_shard", ctypes.c_void_p),
+        ("param_shard", ctypes.c_void_p),
+        ("grads_numel", ctypes.c_size_t),
+    ]
+
+
 # Structs the header defines, by their typedef name (checked against the header too).
 STRUCTS = {
     "ddp_nccl_id_t": ddp_nccl_id_t,
     "ddp_config_t": ddp_config_t,
     "ddp_stats_t": ddp_stats_t,
     "ddp_bucket_info_t": ddp_bucket_info_t,
+    "ddp_shard_info_t": ddp_shard_info_t,
 }
 
 _P = ctypes.POINTER
@@ -150,6 +166,13 @@ FUNCTIONS = {
     "ddp_get_stats": (ddp_status_t, [ddp_t, _P(ddp_stats_t)]),
     "ddp_get_plan": (ddp_status_t, [ddp_t, _P(_int), _P(_int)]),
     "ddp_get_bucket": (ddp_status_t, [ddp_t, _int, _P(ddp_bucket_info_t), _P(_int), ctypes.c_size_t]),
+    "ddp_get_shard": (ddp_status_t, [ddp_t, _int, _P(ddp_shard_info_t)]),
+    "ddp_grad_shard": (ddp_status_t, [ddp_t, _int, _P(ctypes.c_size_t), _P(ctypes.c_size_t), _P(ctypes.c_size_t)]),
+    "ddp_param_ptr": (ddp_status_t, [ddp_t, _int, _P(_vp)]),
+    "ddp_broadcast_params": (ddp_status_t, [ddp_t, _int, _vp]),
+    "ddp_gather_params": (ddp_status_t, [ddp_t, _vp]),
+    "ddp_wait_params": (ddp_status_t, [ddp_t, _int, _vp]),
+    "ddp_shard_norm": (ddp_status_t, [ddp_t, _vp, _P(ctypes.c_double), _P(ctypes.c_uint64)]),
     "ddp_destroy": (ddp_status_t, [ddp_t]),
     "ddp_set_log_callback": (ddp_status_t, [ddp_log_fn, _vp]),
 }

@@ -89,7 +89,7 @@ RUST = os.path.join(ROOT, "bindings", "rust", "libddp-sys", "src", "lib.rs")
 JULIA_DIR = os.path.join(ROOT, "bindings", "julia")
 JULIA = os.path.join(JULIA_DIR, "src", "LibDDP.jl")
 MIRRORS = (("ddp_config_t", "ddp_config_t", "Config"), ("ddp_stats_t", "ddp_stats_t", "Stats"),
-           ("ddp_bucket_info_t", "ddp_bucket_info_t", "BucketInfo"))
+           ("ddp_bucket_info_t", "ddp_bucket_info_t", "BucketInfo"), ("ddp_shard_info_t", "ddp_shard_info_t", "ShardInfo"))
 
 
 def other_layer_problems(header, rs, jl):

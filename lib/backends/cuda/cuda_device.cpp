@@ -285,6 +285,9 @@ CudaDevice::~CudaDevice() {
   if (prev != device_) cudaSetDevice(device_);
   cudaFree(dev_flags_);
   cudaFreeHost(host_flag_);
+  cudaFree(dev_partials_);
+  cudaFreeHost(host_partials_);
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 
@@ -427,6 +430,45 @@ bool CudaDevice::take_nonfinite(size_t slot, Stream& s) {
   DDP_CUDA_CHECK(cudaMemsetAsync(dev_flags_ + slot, 0, sizeof(unsigned), c.stream()));
   c.drain(Deadline::never());  // bounded by the deadlines of the collectives queued before
   return *host_flag_ != 0;
+}
+
+void CudaDevice::norm_terms(const void* buf, size_t n, Dtype d, Stream& s, double out[2]) {
+  if (n == 0) return;
+  CudaStream& c = cuda(s);
+  DeviceGuard g(device_);
+  if (!dev_partials_) {
+    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev_partials_), 2 * kern::kNormMaxBlocks * sizeof(double)));
+    DDP_CUDA_CHECK(
+        cudaMallocHost(reinterpret_cast<void**>(&host_partials_), 2 * kern::kNormMaxBlocks * sizeof(double)));
+  }
+  unsigned blocks = 0;
+  DDP_CUDA_CHECK(kern::launch_norm(buf, n, static_cast<ddp_dtype_t>(d), dev_partials_, &blocks, c.stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host_partials_, dev_partials_, 2 * blocks * sizeof(double), cudaMemcpyDeviceToHost, c.stream()));
+  c.drain(Deadline::never());  // bounded by the deadlines of the collectives queued before
+  for (unsigned b = 0; b < blocks; ++b) {
+    out[0] += host_partials_[2 * b];
+    out[1] += host_partials_[2 * b + 1];
+  }
+}
+
+void CudaDevice::reserve_marks(size_t slots) {
+  DeviceGuard g(device_);
+  while (marks_.size() < slots) {
+    cudaEvent_t e = nullptr;
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    marks_.push_back(e);
+  }
+}
+
+void CudaDevice::mark(size_t slot, Stream& s) {
+  DeviceGuard g(device_);
+  DDP_CUDA_CHECK(cudaEventRecord(marks_.at(slot), cuda(s).stream()));
+}
+
+void CudaDevice::user_wait_mark(void* user_stream, size_t slot) {
+  DeviceGuard g(device_);
+  DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(user_stream), marks_.at(slot), 0));
 }
 
 }  // namespace ddp

@@ -112,6 +112,12 @@ class CudaDevice final : public Device {
   void reserve_flags(size_t slots) override;
   void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream& s) override;
   bool take_nonfinite(size_t slot, Stream& s) override;
+  // The norm: one kernel writes per-block partials, summed on the host in block order.
+  void norm_terms(const void* buf, size_t n, Dtype d, Stream& s, double out[2]) override;
+  // One CUDA event per slot.
+  void reserve_marks(size_t slots) override;
+  void mark(size_t slot, Stream& s) override;
+  void user_wait_mark(void* user_stream, size_t slot) override;
 
   // Times the tables were uploaded to the device (tests check that steady state uploads nothing).
   uint64_t uploads() const { return uploads_; }
@@ -127,6 +133,9 @@ class CudaDevice final : public Device {
   size_t nflags_ = 0;
   unsigned* host_flag_ = nullptr;  // a pinned host copy of one of them
   uint64_t uploads_ = 0;
+  double* dev_partials_ = nullptr;   // the norm kernel's per-block partials
+  double* host_partials_ = nullptr;  // their pinned host copy
+  std::vector<cudaEvent_t> marks_;
 };
 
 }  // namespace ddp

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "backends/host/host_kernels.hpp"
+#include "kernels/kernel_bodies.h"
 
 namespace ddp {
 
@@ -336,6 +337,17 @@ void HostDevice::scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot,
 
 bool HostDevice::take_nonfinite(size_t slot, Stream&) {
   return flags_[slot].exchange(false, std::memory_order_relaxed);
+}
+
+// The kernel's body as one thread over the whole buffer.
+void HostDevice::norm_terms(const void* buf, size_t n, Dtype d, Stream&, double out[2]) {
+  double sq = 0.0, bad = 0.0;
+  kern::with_dtype(static_cast<ddp_dtype_t>(d), [&](auto t) {
+    typedef decltype(t) T;
+    kern::norm_thread<T>(static_cast<const typename T::storage*>(buf), n, 0, 0, 1, 1, &sq, &bad);
+  });
+  out[0] += sq;
+  out[1] += bad;
 }
 
 }  // namespace ddp

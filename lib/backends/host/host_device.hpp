@@ -37,6 +37,7 @@ class HostDevice final : public Device {
   void reserve_flags(size_t slots) override;
   void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream&) override;
   bool take_nonfinite(size_t slot, Stream&) override;
+  void norm_terms(const void* buf, size_t n, Dtype d, Stream&, double out[2]) override;
 
  private:
   // Set by a stream of this device that wrote off a worker blocked in a collective.

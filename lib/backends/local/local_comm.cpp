@@ -140,6 +140,26 @@ class LocalComm final : public Comm {
     barrier(dl);  // everyone has read every buffer
   }
 
+  void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
+    if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
+    const size_t es = dtype_size(d), at = static_cast<size_t>(rank_) * m;
+    post(buf, m * static_cast<size_t>(size()) * es, dl);
+    if (d == Dtype::F32)
+      sum<float>(static_cast<float*>(buf) + at, m, at);
+    else
+      sum<double>(static_cast<double*>(buf) + at, m, at);
+    barrier(dl);
+  }
+
+  void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
+    char* p = static_cast<char*>(buf);
+    post(p + static_cast<size_t>(rank_) * bytes, bytes, dl);
+    for (int r = 0; r < size(); ++r)
+      if (r != rank_) std::memcpy(p + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
+    barrier(dl);
+  }
+
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
     broadcast_host(buf, bytes, root, dl);
   }
@@ -166,13 +186,14 @@ class LocalComm final : public Comm {
   }
 
  private:
+  // out[i] = the sum over ranks of posted[r][from + i], added in rank order.
   template <class T>
-  void sum(void* out, size_t n) {
+  void sum(void* out, size_t n, size_t from = 0) {
     T* acc = static_cast<T*>(out);
-    const T* first = static_cast<const T*>(channel_->posted[0]);
+    const T* first = static_cast<const T*>(channel_->posted[0]) + from;
     std::memcpy(acc, first, n * sizeof(T));
     for (int r = 1; r < size(); ++r) {
-      const T* p = static_cast<const T*>(channel_->posted[static_cast<size_t>(r)]);
+      const T* p = static_cast<const T*>(channel_->posted[static_cast<size_t>(r)]) + from;
       for (size_t i = 0; i < n; ++i) acc[i] += p[i];
     }
   }

@@ -118,6 +118,13 @@ struct RingState {
   std::atomic<size_t> bytes{0};
 };
 
+void ensure_scratch(RingState& r, size_t bytes) {
+  if (r.scratch.size() < bytes) {
+    r.scratch.resize(bytes);
+    r.bytes.store(r.scratch.size());
+  }
+}
+
 // Sends `sn` elements to the right neighbour while receiving `rn` from the left one.
 void ring_exchange(const RingState& r, const void* out, size_t sn, void* in, size_t rn, MPI_Datatype t, bool worker,
                    Deadline dl) {
@@ -148,10 +155,7 @@ void ring_allreduce(RingState& r, const void* send, void* recv, size_t n, Dtype 
   auto len = [&](int c) { return lo(c + 1) - lo(c); };
   auto chunk = [&](int k) { return ((k % w) + w) % w; };
   const size_t most = (n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w) * es;
-  if (r.scratch.size() < most) {
-    r.scratch.resize(most);
-    r.bytes.store(r.scratch.size());
-  }
+  ensure_scratch(r, most);
   for (int s = 0; s < w - 1; ++s) {
     const int out = chunk(r.rank - s), in = chunk(r.rank - s - 1);
     ring_exchange(r, s == 0 ? at(send, out) : at(recv, out), len(out), r.scratch.data(), len(in), t, worker, dl);
@@ -161,6 +165,40 @@ void ring_allreduce(RingState& r, const void* send, void* recv, size_t n, Dtype 
   for (int s = 0; s < w - 1; ++s) {
     const int out = chunk(r.rank + 1 - s), in = chunk(r.rank - s);
     ring_exchange(r, at(recv, out), len(out), const_cast<char*>(at(recv, in)), len(in), t, worker, dl);
+  }
+}
+
+// Reduce-scatter in place over `w` chunks of m elements (chunk c at buf + c * m), in pieces of each
+// chunk: at step s a rank passes its partial sum of chunk (rank - s - 1) to the right and adds the
+// one it receives, chunk (rank - s - 2), into buf; at the last step that is its own chunk, which then
+// holds every contribution, and the same pass scales it.
+void ring_reduce_scatter(RingState& r, char* buf, size_t m, Dtype d, double factor, bool worker, Deadline dl) {
+  const MPI_Datatype t = mpi_type(d);
+  const size_t es = dtype_size(d);
+  const int w = r.size;
+  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
+  const size_t piece = std::max<size_t>(1, std::min(m, kRingMaxBytes / es / static_cast<size_t>(w)));
+  ensure_scratch(r, piece * es);
+  for (size_t lo = 0; lo < m; lo += piece) {
+    const size_t n = std::min(piece, m - lo);
+    auto at = [&](size_t c) { return buf + (c * m + lo) * es; };
+    for (int s = 0; s < w - 1; ++s) {
+      char* in = at(chunk(r.rank - s - 2));
+      ring_exchange(r, at(chunk(r.rank - s - 1)), n, r.scratch.data(), n, t, worker, dl);
+      host::sum_scaled(in, r.scratch.data(), in, n, d, s == w - 2 ? factor : 1.0);
+    }
+  }
+}
+
+// All-gather in place over `w` chunks of `bytes`: each rank's own chunk travels once around the ring.
+void ring_allgather(const RingState& r, char* buf, size_t bytes, bool worker, Deadline dl) {
+  const int w = r.size;
+  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
+  for (size_t lo = 0; lo < bytes; lo += kRingMaxBytes) {
+    const size_t n = std::min(kRingMaxBytes, bytes - lo);
+    for (int s = 0; s < w - 1; ++s)
+      ring_exchange(r, buf + chunk(r.rank - s) * bytes + lo, n, buf + chunk(r.rank - s - 1) * bytes + lo, n, MPI_BYTE,
+                    worker, dl);
   }
 }
 
@@ -356,6 +394,23 @@ class MpiComm final : public Comm {
     }
   }
 
+  // Always the ring (libddp's own, as for large allreduces), on the bucket worker.
+  void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "MPI comm: only sums are fused");
+    const double factor = red.op == RedOp::SumScaled ? red.factor : 1.0;
+    char* p = static_cast<char*>(buf);
+    if (size_ == 1) {
+      host::convert(p, d, p, d, m, factor);
+      return;
+    }
+    run_ring([&](RingState& ring, bool worker) { ring_reduce_scatter(ring, p, m, d, factor, worker, dl); });
+  }
+
+  void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
+    if (size_ == 1) return;
+    run_ring([&](RingState& ring, bool worker) { ring_allgather(ring, static_cast<char*>(buf), bytes, worker, dl); });
+  }
+
   // ddp_broadcast: the caller's buffers, in place.
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
     if (root < 0 || root >= size_)
@@ -398,6 +453,20 @@ class MpiComm final : public Comm {
   }
 
  private:
+  // One blocking call over the ring: a worker written off inside it parks when it returns, and a
+  // message left posted may still land in the ring's buffer, which is then kept.
+  template <class F>
+  void run_ring(F&& f) {
+    std::shared_ptr<RingState> ring = ring_;
+    host::BlockingCall call;
+    try {
+      f(*ring, call.on_worker());
+    } catch (const Error& e) {
+      if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(ring);
+      throw;
+    }
+  }
+
   void mpi_allreduce(const void* from, void* to, size_t k, Dtype d, bool worker, Deadline dl) {
     if (worker) {
       DDP_MPI_CHECK(MPI_Allreduce(from, to, static_cast<int>(k), mpi_type(d), MPI_SUM, comm_));

@@ -35,7 +35,7 @@ pub const DDP_UNUSED_ERROR: c_int = 0;
 pub const DDP_UNUSED_ZERO: c_int = 1;
 pub const DDP_GRAD_TRIGGER: c_uint = 1;
 pub const DDP_CONFIG_MAGIC: u32 = 0xDD9C0F16;
-pub const DDP_CONFIG_VERSION: u32 = 2;
+pub const DDP_CONFIG_VERSION: u32 = 3;
 pub const DDP_VERSION_MAJOR: c_int = 0;
 pub const DDP_VERSION_MINOR: c_int = 2;
 pub const DDP_VERSION_PATCH: c_int = 0;
@@ -89,6 +89,8 @@ pub struct ddp_config_t {
     // version 2
     pub host_piece_bytes: usize,
     pub stall_warning_ms: i64,
+    // version 3
+    pub shard: c_int,
 }
 
 #[repr(C)]
@@ -107,6 +109,20 @@ pub struct ddp_stats_t {
     pub layout_epoch: u64,
     pub world_size: c_int,
     pub rank: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ddp_shard_info_t {
+    pub size: usize,
+    pub dtype: ddp_dtype_t,
+    pub bucket_numel: usize,
+    pub shard_numel: usize,
+    pub shard_offset: usize,
+    pub arena_offset: usize,
+    pub grad_shard: *mut c_void,
+    pub param_shard: *mut c_void,
+    pub grads_numel: usize,
 }
 
 #[repr(C)]
@@ -161,6 +177,14 @@ extern "C" {
     pub fn ddp_synchronize(ddp: ddp_t) -> ddp_status_t;
     pub fn ddp_get_stats(ddp: ddp_t, stats: *mut ddp_stats_t) -> ddp_status_t;
     pub fn ddp_get_plan(ddp: ddp_t, num_buckets: *mut c_int, learned: *mut c_int) -> ddp_status_t;
+    pub fn ddp_get_shard(ddp: ddp_t, bucket: c_int, info: *mut ddp_shard_info_t) -> ddp_status_t;
+    pub fn ddp_grad_shard(ddp: ddp_t, index: c_int, first: *mut usize, count: *mut usize, shard_pos: *mut usize)
+        -> ddp_status_t;
+    pub fn ddp_param_ptr(ddp: ddp_t, index: c_int, param: *mut *mut c_void) -> ddp_status_t;
+    pub fn ddp_broadcast_params(ddp: ddp_t, root: c_int, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_gather_params(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_wait_params(ddp: ddp_t, index: c_int, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_shard_norm(ddp: ddp_t, stream: *mut c_void, norm: *mut f64, nonfinite: *mut u64) -> ddp_status_t;
     pub fn ddp_get_bucket(ddp: ddp_t, bucket: c_int, info: *mut ddp_bucket_info_t, grads: *mut c_int,
                           capacity: usize) -> ddp_status_t;
     pub fn ddp_destroy(ddp: ddp_t) -> ddp_status_t;

@@ -139,6 +139,8 @@ pub struct Config {
     pub host_piece_bytes: usize,
     /// Warn (through the log callback) when a bucket has waited this long; 0: the library's 60 s.
     pub stall_warning_ms: i64,
+    /// Sharded reduction (reduce-scatter; needs `arena` and `registration_plan`).
+    pub shard: bool,
 }
 
 impl Default for Config {
@@ -159,6 +161,7 @@ impl Default for Config {
             inplace_min_numel: 0,
             host_piece_bytes: 0,
             stall_warning_ms: 0,
+            shard: false,
         }
     }
 }
@@ -191,6 +194,7 @@ impl<'g> Ddp<'g> {
         c.inplace_min_numel = config.inplace_min_numel;
         c.host_piece_bytes = config.host_piece_bytes;
         c.stall_warning_ms = config.stall_warning_ms;
+        c.shard = config.shard as c_int;
         let path = match &config.timeline_path {
             Some(p) => Some(CString::new(p.as_str()).map_err(|_| Error {
                 status: sys::DDP_ERR_INVALID_ARGUMENT,
