@@ -134,7 +134,17 @@ struct Reduction {
 
 // Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, and its
 // buckets of that iteration. Fixed size, so that ranks can send it to each other as bytes.
-enum class Call : int32_t { Idle = 0, Commit, Backward, Finish, ReduceAll, Broadcast, Destroyed };
+enum class Call : int32_t {
+  Idle = 0,
+  Commit,
+  Backward,
+  Finish,
+  ReduceAll,
+  Broadcast,
+  Destroyed,
+  WaitParams,
+  ShardNorm
+};
 struct Position {
   int64_t iteration = -1;  // -1: the rank did not answer
   int32_t call = 0;

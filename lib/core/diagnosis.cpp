@@ -17,6 +17,8 @@ const char* call_text(int32_t c) {
     case Call::ReduceAll: return "in ddp_reduce_all";
     case Call::Broadcast: return "in ddp_broadcast";
     case Call::Destroyed: return "in ddp_destroy";
+    case Call::WaitParams: return "in ddp_wait_params";
+    case Call::ShardNorm: return "in ddp_shard_norm";
   }
   return "in an unknown call";
 }

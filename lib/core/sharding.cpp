@@ -62,7 +62,8 @@ void Context::grad_shard(int index, size_t* first, size_t* count, size_t* shard_
   fatal_on_error([&] { commit_locked(); });
   const Plan& p = reducer_->plan();
   const int b = p.bucket_of[static_cast<size_t>(index)];
-  const size_t off = p.buckets[static_cast<size_t>(b)].offsets[static_cast<size_t>(p.slot_of[static_cast<size_t>(index)])];
+  const size_t off =
+      p.buckets[static_cast<size_t>(b)].offsets[static_cast<size_t>(p.slot_of[static_cast<size_t>(index)])];
   const size_t n = specs_[static_cast<size_t>(index)].numel;
   const Reducer::ShardView v = reducer_->shard(b);
   const size_t lo = std::max(v.lo, off), hi = std::min(v.lo + v.shard_n, off + n);
@@ -124,6 +125,7 @@ void Context::wait_params(int index, void* stream) {
     fail(DDP_ERR_INVALID_STATE,
          "ddp_wait_params: no parameter gather was launched since the last reduction (call "
          "ddp_gather_params first)");
+  CallScope scope(this, Call::WaitParams);
   fatal_on_error([&] {
     const Plan& p = reducer_->plan();
     if (index >= 0) {
@@ -141,6 +143,7 @@ void Context::shard_norm(void* stream, double* norm, uint64_t* nonfinite) {
   if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "ddp_shard_norm: not allowed inside a backward pass");
   double mine[2] = {0.0, 0.0};
   std::vector<double> all(2 * static_cast<size_t>(world_));
+  CallScope scope(this, Call::ShardNorm);
   fatal_on_error([&] {
     commit_locked();
     reducer_->shard_norm_terms(stream, mine);

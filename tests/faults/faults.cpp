@@ -146,10 +146,20 @@ bool all_gave(int, int) { return true; }
 
 enum class Fault { Exit, Kill, Stall };
 
-int run_fault(Fault fault, const char* name) {
+ddp_config_t shard_config() {
+  ddp_config_t cfg = base_config();
+  cfg.layout = DDP_LAYOUT_ARENA;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.shard = 1;
+  return cfg;
+}
+
+// `shard`: a sharded context, whose buckets are reduce-scattered (outside its shard a rank's grads
+// hold partial sums, so the warm-up checks only statuses; the shard suite checks values).
+int run_fault(Fault fault, const char* name, bool shard = false) {
   const int victim = g_world - 1;
   Ctx x;
-  ddp_config_t cfg = base_config();
+  ddp_config_t cfg = shard ? shard_config() : base_config();
   ddp_status_t s = make_ctx(&x, cfg, 12);
   if (s) {
     result(name, false, "setup: " + status_text(s));
@@ -162,7 +172,7 @@ int run_fault(Fault fault, const char* name) {
     for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
     s = ddp_finish_backward(x.d, nullptr);
     std::string why;
-    if (s || !verify(x, it, all_gave, &why)) {
+    if (s || (!shard && !verify(x, it, all_gave, &why))) {
       result(name, false, "warm-up iteration: " + (s ? status_text(s) : why));
       return 1;
     }
@@ -215,6 +225,64 @@ int run_fault(Fault fault, const char* name) {
   if (fault != Fault::Stall) _exit(0);
   MPI_Barrier(MPI_COMM_WORLD);
   return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded: a rank dies, or stalls, instead of gathering its parameter shards. The others' gathers
+// wait for it: ddp_wait_params returns DDP_ERR_TIMEOUT within the bound, naming the gather.
+// ---------------------------------------------------------------------------------------------
+
+int run_gather_fault(Fault fault, const char* name) {
+  const int victim = g_world - 1;
+  Ctx x;
+  ddp_status_t s = make_ctx(&x, shard_config(), 12);
+  const int n = static_cast<int>(x.grads.size());
+  for (int it = 0; !s && it < 2; ++it) {
+    ddp_begin_backward(x.d, nullptr);
+    fill(x, it);
+    for (int g = n - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    s = ddp_finish_backward(x.d, nullptr);
+    if (!s && it == 0) s = ddp_gather_params(x.d, nullptr);
+    if (!s && it == 0) s = ddp_wait_params(x.d, -1, nullptr);
+  }
+  if (s) {
+    result(name, false, "setup: " + status_text(s));
+    return 1;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == victim) {
+    std::fflush(stdout);
+    if (fault == Fault::Kill) raise(SIGKILL);
+    usleep(static_cast<useconds_t>((g_timeout_ms + 1000) * 1000));
+    s = ddp_gather_params(x.d, nullptr);
+    if (!s) s = ddp_wait_params(x.d, -1, nullptr);
+    result(std::string(name) + "-late-rank", s == DDP_SUCCESS || s == DDP_ERR_TIMEOUT || s == DDP_ERR_ABORTED,
+           "late rank's gather -> " + status_text(s));
+  } else {
+    const double t0 = now_ms();
+    s = ddp_gather_params(x.d, nullptr);
+    if (!s) s = ddp_wait_params(x.d, 0, nullptr);  // the first parameter's bucket comes last
+    const double took = now_ms() - t0;
+    const std::string msg = ddp_last_error();
+    const bool ok = s == DDP_ERR_TIMEOUT && took <= g_timeout_ms + kMarginMs &&
+                    took >= 0.5 * static_cast<double>(g_timeout_ms) &&
+                    msg.find("parameter gather") != std::string::npos;
+    char b[160];
+    std::snprintf(b, sizeof b, "wait after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
+    result(name, ok, b + status_text(s) + (ok ? "" : ": " + msg));
+    const double t2 = now_ms();
+    s = ddp_wait_params(x.d, -1, nullptr);
+    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100,
+           "next call -> " + status_text(s));
+  }
+  const double t3 = now_ms();
+  ddp_destroy(x.d);
+  const double dt = now_ms() - t3;
+  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs,
+         "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  done();
+  std::fflush(stdout);
+  _exit(0);  // a dead or late peer can make MPI_Finalize wait
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -694,7 +762,8 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
-                 "inspect-stall|inspect-skip|inspect-slow [seed] [timeout_ms]\n");
+                 "inspect-stall|inspect-skip|inspect-slow|shard-kill|shard-stall|gather-kill|gather-stall [seed] "
+                 "[timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -726,13 +795,21 @@ int main(int argc, char** argv) {
     run_threads();
   else if (scenario == "blocked")
     run_blocked();
+  else if (scenario == "shard-kill")
+    rc = run_fault(Fault::Kill, "shard-kill", true);
+  else if (scenario == "shard-stall")
+    rc = run_fault(Fault::Stall, "shard-stall", true);
+  else if (scenario == "gather-kill")
+    rc = run_gather_fault(Fault::Kill, "gather-kill");
+  else if (scenario == "gather-stall")
+    rc = run_gather_fault(Fault::Stall, "gather-stall");
   else if (scenario.compare(0, 8, "inspect-") == 0)
     rc = run_inspect(scenario);
   else {
     result(scenario, false, "unknown scenario");
     rc = 2;
   }
-  if (scenario.compare(0, 4, "die-") != 0 && scenario != "stall") done();
+  if (scenario.compare(0, 4, "die-") != 0 && scenario != "stall" && scenario != "shard-stall") done();
   ddp_comm_destroy(g_comm);
   MPI_Finalize();
   return rc;

@@ -255,7 +255,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
       std::shuffle(order.begin(), order.end(), mine);
       EXPECT_OK(ddp_begin_backward(d, nullptr));
       for (int gi : order)
-        if (gi != left_out[static_cast<size_t>(g_rank)]) EXPECT_OK(ddp_grad_ready(d, grads[static_cast<size_t>(gi)].index));
+        if (gi != left_out[static_cast<size_t>(g_rank)])
+          EXPECT_OK(ddp_grad_ready(d, grads[static_cast<size_t>(gi)].index));
       EXPECT_OK(ddp_finish_backward(d, nullptr));
     }
     if (nosync) {
@@ -279,8 +280,8 @@ bool run_case(const Case& c, uint64_t seed, std::string* why) {
     if (std::fabs(norm - std::sqrt(all[0])) > 1e-9 * std::sqrt(all[0]) + 1e-300 ||
         nonfinite != static_cast<uint64_t>(all[1])) {
       char b[160];
-      std::snprintf(b, sizeof b, "iteration %d: ddp_shard_norm %.17g (%llu non-finite), the shards' own %.17g (%g)",
-                    it, norm, static_cast<unsigned long long>(nonfinite), std::sqrt(all[0]), all[1]);
+      std::snprintf(b, sizeof b, "iteration %d: ddp_shard_norm %.17g (%llu non-finite), the shards' own %.17g (%g)", it,
+                    norm, static_cast<unsigned long long>(nonfinite), std::sqrt(all[0]), all[1]);
       *why = b;
       return false;
     }
