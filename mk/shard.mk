@@ -1,6 +1,14 @@
-# Sharded reduction (config.shard): the multi-rank shard suite at every world size of NP_LIST.
+# Sharded reduction (config.shard): the multi-rank shard tests and the C training loop at every
+# world size of NP_LIST, and the guide's program (docs/sharded.md), compiled and run.
 #   make suite-shard
 SHARD_TEST_BIN := $(BUILD)/tests/mpi_shard
+SHARD_TRAIN_BIN := $(BUILD)/tests/shard_train
+
+$(SHARD_TRAIN_BIN): tests/mpi/shard_train.c include/ddp.h $(SHARED)
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) -std=c99 $(OPT) $(SAN) -Wall -Wextra -Iinclude $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
+	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(LDFLAGS_ALL) $(MPI_LIBS) -lm
 
 $(SHARD_TEST_BIN): tests/mpi/mpi_shard.cpp tests/mpi/reference.hpp tests/mpi/harness.hpp $(SHARED)
 	$(call say,CXX,$<)
@@ -11,8 +19,8 @@ $(SHARD_TEST_BIN): tests/mpi/mpi_shard.cpp tests/mpi/reference.hpp tests/mpi/har
 SUITES += shard
 .PHONY: suite-shard
 ifeq ($(HAVE_MPI),1)
-suite-shard: $(SHARD_TEST_BIN)
-	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" tests/mpi/run.sh $(SHARD_TEST_BIN) mpi-shard
+suite-shard: $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN)
+	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" tests/mpi/shard_suite.sh $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN) $(BUILD)
 else
 suite-shard:
 	@echo "shard: skipped: built with MPI=0 (no mpicxx found, or MPI=0 was given)"

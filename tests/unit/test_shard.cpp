@@ -60,7 +60,8 @@ TEST_CASE("shard: combinations that cannot shard are refused at ddp_create, sayi
   ddp_t d = nullptr;
   ddp_config_t c = sharded();
   c.layout = DDP_LAYOUT_COPY;
-  CHECK_STATUS(ddp_create(comm, &c, &d), DDP_ERR_INVALID_ARGUMENT, "config.shard needs config.layout = DDP_LAYOUT_ARENA");
+  CHECK_STATUS(ddp_create(comm, &c, &d), DDP_ERR_INVALID_ARGUMENT,
+               "config.shard needs config.layout = DDP_LAYOUT_ARENA");
   c = sharded();
   c.plan_order = DDP_PLAN_LEARNED;
   CHECK_STATUS(ddp_create(comm, &c, &d), DDP_ERR_INVALID_ARGUMENT, "DDP_PLAN_REGISTRATION");
@@ -111,7 +112,8 @@ TEST_CASE("shard: misuse of the shard calls answers a status and a message") {
   info.size = sizeof info;
   CHECK_STATUS(ddp_get_shard(s.ddp, 99, &info), DDP_ERR_INVALID_ARGUMENT, "bucket 99 out of range");
   CHECK_STATUS(ddp_get_shard(s.ddp, -1, &info), DDP_ERR_INVALID_ARGUMENT, "bucket -1 out of range");
-  CHECK_STATUS(ddp_grad_shard(s.ddp, 3, nullptr, nullptr, nullptr), DDP_ERR_INVALID_ARGUMENT, "grad index 3 out of range");
+  CHECK_STATUS(ddp_grad_shard(s.ddp, 3, nullptr, nullptr, nullptr), DDP_ERR_INVALID_ARGUMENT,
+               "grad index 3 out of range");
   CHECK_STATUS(ddp_param_ptr(s.ddp, 7, &p), DDP_ERR_INVALID_ARGUMENT, "grad index 7 out of range");
   CHECK_STATUS(ddp_param_ptr(s.ddp, 0, nullptr), DDP_ERR_INVALID_ARGUMENT, "param");
   CHECK_STATUS(ddp_wait_params(s.ddp, 5, nullptr), DDP_ERR_INVALID_ARGUMENT, "grad index 5 out of range");
@@ -213,7 +215,8 @@ TEST_CASE("shard: 3 ranks of a local group reduce-scatter, gather and agree on t
       const size_t sizes[3] = {301, 7, 1000};
       int idx[3];
       bool ok = true;
-      for (int i = 0; i < 3; ++i) ok = ok && ddp_register_grad(d, nullptr, sizes[i], DDP_F64, 0, &idx[i]) == DDP_SUCCESS;
+      for (int i = 0; i < 3; ++i)
+        ok = ok && ddp_register_grad(d, nullptr, sizes[i], DDP_F64, 0, &idx[i]) == DDP_SUCCESS;
       for (int i = 0; i < 3 && ok; ++i) {
         double* p = nullptr;
         ok = ddp_grad_ptr(d, idx[i], reinterpret_cast<void**>(&p)) == DDP_SUCCESS;
