@@ -20,7 +20,7 @@ SUITES += shard
 .PHONY: suite-shard
 ifeq ($(HAVE_MPI),1)
 suite-shard: $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN)
-	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" tests/mpi/shard_suite.sh $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN) $(BUILD)
+	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" GUIDE_CFLAGS="$(SAN)" tests/mpi/shard_suite.sh $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN) $(BUILD)
 else
 suite-shard:
 	@echo "shard: skipped: built with MPI=0 (no mpicxx found, or MPI=0 was given)"

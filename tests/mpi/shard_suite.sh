@@ -19,7 +19,8 @@ out=$(MPIRUN="$MPIRUN" "$here/run.sh" "$test_bin" mpi-shard 2>&1); echo "$out" |
 out=$(MPIRUN="$MPIRUN" "$here/run.sh" "$train_bin" shard-train 2>&1); echo "$out" | tail -n 6; add "$out" shard-train
 src="$build/tests/guide_sharded.c"
 awk '/^```c$/{on=1; next} /^```$/{on=0} on' "$root/docs/sharded.md" > "$src"
-if mpicc -std=c99 -Wall -Werror -I"$root/include" "$src" -o "$build/tests/guide_sharded" -L"$build/lib" -lddp \
+# GUIDE_CFLAGS: the sanitizer flags of a sanitized build (its library needs their runtime first).
+if mpicc -std=c99 -Wall -Werror ${GUIDE_CFLAGS:-} -I"$root/include" "$src" -o "$build/tests/guide_sharded" -L"$build/lib" -lddp \
      -Wl,-rpath,"$(cd "$build/lib" && pwd)"; then
   for np in 2 3; do
     out=$(timeout 120 $MPIRUN --oversubscribe -np $np "$build/tests/guide_sharded" 2>&1); rc=$?

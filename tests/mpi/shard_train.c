@@ -22,13 +22,13 @@ static const int kOut[LAYERS] = {17, 31, 5, 40, 3};
 
 static int rank_, world_, passed_, failed_;
 
-#define OK(call)                                                                         \
-  do {                                                                                   \
-    ddp_status_t s_ = (call);                                                            \
-    if (s_ != DDP_SUCCESS) {                                                             \
-      fprintf(stderr, "[rank %d] %s: %s\n", rank_, #call, ddp_last_error());             \
-      MPI_Abort(MPI_COMM_WORLD, 3);                                                      \
-    }                                                                                    \
+#define OK(call)                                                             \
+  do {                                                                       \
+    ddp_status_t s_ = (call);                                                \
+    if (s_ != DDP_SUCCESS) {                                                 \
+      fprintf(stderr, "[rank %d] %s: %s\n", rank_, #call, ddp_last_error()); \
+      MPI_Abort(MPI_COMM_WORLD, 3);                                          \
+    }                                                                        \
   } while (0)
 
 static double unit(unsigned long long x) { /* a value in [-1, 1) from a hash */
@@ -92,11 +92,11 @@ static void train(ddp_comm_t comm, int shard, const Opt* o, int exact, float* re
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
   ddp_t d;
   int idx[2 * LAYERS], l, k, t, nb, b;
-  float* param[2 * LAYERS];   /* unsharded: the caller's own parameters */
-  float* m[2 * LAYERS];       /* unsharded optimizer state */
+  float* param[2 * LAYERS]; /* unsharded: the caller's own parameters */
+  float* m[2 * LAYERS];     /* unsharded optimizer state */
   float* v[2 * LAYERS];
   size_t numel[2 * LAYERS];
-  float** sm = NULL;          /* sharded: state per bucket shard */
+  float** sm = NULL; /* sharded: state per bucket shard */
   float** sv = NULL;
   cfg.layout = DDP_LAYOUT_ARENA;
   cfg.plan_order = DDP_PLAN_REGISTRATION;
