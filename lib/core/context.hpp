@@ -85,7 +85,7 @@ class Context {
   void log_summary();
   const Plan& committed_plan();
   void abort(const Error& e);
-  void check_sharded(const char* call) const;
+  void check_sharded() const;
   // A reduction finished (or, with sync off, a backward pass only accumulated): what gathers may follow.
   void shards_reduced(bool synced);
 

@@ -24,10 +24,11 @@ static_assert(spans_cover(kShardSpans, kNumShard, sizeof(size_t), sizeof(ddp_sha
 
 }  // namespace
 
-void Context::check_sharded(const char* call) const {
+void Context::check_sharded() const {
   check_alive();
   if (!cfg_.sharded())
-    fail(DDP_ERR_INVALID_STATE, "%s needs a sharded context (config.shard = 1, with the arena layout)", call);
+    fail(DDP_ERR_INVALID_STATE,
+         "this call needs a sharded context (config.shard = 1, with the arena layout and the registration plan)");
 }
 
 void Context::shards_reduced(bool synced) {
@@ -37,7 +38,7 @@ void Context::shards_reduced(bool synced) {
 
 void Context::shard_info(int bucket, ddp_shard_info_t* info) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_get_shard");
+  check_sharded();
   fatal_on_error([&] { commit_locked(); });
   const int nb = static_cast<int>(reducer_->plan().buckets.size());
   if (bucket < 0 || bucket >= nb) fail(DDP_ERR_INVALID_ARGUMENT, "bucket %d out of range (%d buckets)", bucket, nb);
@@ -57,7 +58,7 @@ void Context::shard_info(int bucket, ddp_shard_info_t* info) {
 
 void Context::grad_shard(int index, size_t* first, size_t* count, size_t* shard_pos) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_grad_shard");
+  check_sharded();
   check_index(index);
   fatal_on_error([&] { commit_locked(); });
   const Plan& p = reducer_->plan();
@@ -75,7 +76,7 @@ void Context::grad_shard(int index, size_t* first, size_t* count, size_t* shard_
 
 void* Context::param_ptr(int index) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_param_ptr");
+  check_sharded();
   check_index(index);
   fatal_on_error([&] { commit_locked(); });
   return reducer_->param_ptr(index);
@@ -83,10 +84,9 @@ void* Context::param_ptr(int index) {
 
 void Context::broadcast_params(int root, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_broadcast_params");
+  check_sharded();
   if (root < 0 || root >= world_) fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world_ - 1);
-  if (state_ == State::InBackward)
-    fail(DDP_ERR_INVALID_STATE, "ddp_broadcast_params: not allowed inside a backward pass");
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   CallScope scope(this, Call::Broadcast);
   fatal_on_error([&] {
     commit_locked();
@@ -98,17 +98,16 @@ void Context::broadcast_params(int root, void* stream) {
 
 void Context::gather_params(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_gather_params");
+  check_sharded();
   if (state_ == State::InBackward)
-    fail(DDP_ERR_INVALID_STATE,
-         "ddp_gather_params inside a backward pass: the shards are final after ddp_finish_backward");
+    fail(DDP_ERR_INVALID_STATE, "not inside a backward pass: the shards are final after ddp_finish_backward");
   if (gathered_)
     fail(DDP_ERR_INVALID_STATE,
-         "ddp_gather_params: the parameters were already gathered since the last reduction (update the "
+         "the parameters were already gathered since the last reduction (update the "
          "shards after the next ddp_finish_backward that synchronizes, then gather)");
   if (shards_local_)
     fail(DDP_ERR_INVALID_STATE,
-         "ddp_gather_params: the shards are not final: the last backward pass ran with sync off and only "
+         "the shards are not final: the last backward pass ran with sync off and only "
          "accumulated local grads (finish a backward pass with sync on first)");
   fatal_on_error([&] {
     commit_locked();
@@ -119,11 +118,11 @@ void Context::gather_params(void* stream) {
 
 void Context::wait_params(int index, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_wait_params");
+  check_sharded();
   if (index != -1) check_index(index);
   if (!gathered_)
     fail(DDP_ERR_INVALID_STATE,
-         "ddp_wait_params: no parameter gather was launched since the last reduction (call "
+         "no parameter gather was launched since the last reduction (call "
          "ddp_gather_params first)");
   CallScope scope(this, Call::WaitParams);
   fatal_on_error([&] {
@@ -139,8 +138,8 @@ void Context::wait_params(int index, void* stream) {
 // Each rank's own terms, then one exchange of two numbers, added in rank order: the same on every rank.
 void Context::shard_norm(void* stream, double* norm, uint64_t* nonfinite) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_sharded("ddp_shard_norm");
-  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "ddp_shard_norm: not allowed inside a backward pass");
+  check_sharded();
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   double mine[2] = {0.0, 0.0};
   std::vector<double> all(2 * static_cast<size_t>(world_));
   CallScope scope(this, Call::ShardNorm);

@@ -61,6 +61,10 @@ enum Op {
   OP_BROADCAST,
   OP_ITERATION,
   OP_LOG,
+  OP_SHARD_QUERY,  // sharded contexts (and their refusal elsewhere): ddp_get_shard, ddp_grad_shard, ddp_param_ptr
+  OP_GATHER,       // writes this rank's parameter shards, gathers, waits, checks every rank's values
+  OP_WAIT,         // ddp_wait_params of one grad (or -1)
+  OP_NORM,         // ddp_shard_norm against the model's reduced values
   OP_COUNT
 };
 
@@ -185,6 +189,9 @@ class Rank {
   void fill_all(uint64_t iter);
   void check_values(size_t k, bool reduce_all);
   void check_plan(size_t k);
+  void shard_query(size_t k, const Call& c, int idx, bool bad_idx);
+  void gather(size_t k);
+  void norm(size_t k);
   ddp_status_t commit_status();
   void agree(size_t k);
 
@@ -202,6 +209,10 @@ class Rank {
   bool zero_policy_ = false;
   bool check_finite_ = false;
   bool nonfinite_next_ = false;
+  bool sharded_ = false;
+  bool gathered_ = false;      // a gather since the last reduction
+  bool shards_local_ = false;  // the last backward accumulated with sync off
+  bool fresh_ = false;         // the grads hold the last reduction's values (no fill since)
   std::vector<Grad> grads_;
   uint64_t iter_ = 0, fills_ = 0;
   uint64_t nonfinite_seen_ = 0;
@@ -267,6 +278,7 @@ void Rank::fill_all(uint64_t iter) {
     }
   }
   nonfinite_next_ = false;
+  fresh_ = false;
 }
 
 double scale_of(const ddp_config_t& c, int world) {
@@ -285,15 +297,22 @@ void Rank::check_values(size_t k, bool reduce_all) {
   sh_.step.wait();  // both views published
   const double sc = scale_of(p_.cfg, p_.world);
   bool any_nonfinite = false;
+  gathered_ = false;
+  shards_local_ = false;
   for (size_t gi = 0; gi < grads_.size(); ++gi) {
     Grad& g = grads_[gi];
     void* p = ptr_of(g);
+    size_t first = 0, count = g.numel;  // sharded: only the elements this rank owns are reduced
+    if (sharded_ && ddp_grad_shard(d_, g.index, &first, &count, nullptr) != DDP_SUCCESS)
+      finding(rank_, k, "ddp_grad_shard failed on a committed sharded context");
     for (size_t i = 0; i < g.numel; ++i) {
       double sum = 0;
       for (int r = 0; r < p_.world; ++r)
         if (sh_.view[r].given[gi]) sum += sh_.view[r].contrib[gi][i];
       // Scaling happens in two steps (1/f before, f/world after) unless fused, so allow rounding.
       double want = sum * sc, got = load(p, i, g.dtype);
+      g.val[i] = want;
+      if (i < first || i >= first + count) continue;
       bool ok;
       if (std::isnan(want))
         ok = std::isnan(got);
@@ -310,9 +329,9 @@ void Rank::check_values(size_t k, bool reduce_all) {
                       g.dtype, got, want);
         finding(rank_, k, msg);
       }
-      g.val[i] = want;
     }
   }
+  fresh_ = true;
   if (check_finite_) {
     ddp_stats_t s;
     std::memset(&s, 0, sizeof s);
@@ -386,6 +405,7 @@ void Rank::run() {
     cfg.stream_comms = extra_.data();
   }
   arena_ = cfg.layout == DDP_LAYOUT_ARENA;
+  sharded_ = cfg.shard != 0;
   zero_policy_ = cfg.unused_policy == DDP_UNUSED_ZERO;
   check_finite_ = cfg.check_finite != 0;
   ddp_status_t s = ddp_create(comm_, &cfg, &d_);
@@ -571,6 +591,8 @@ void Rank::run() {
               if (unused_anywhere && std::strstr(ddp_last_error(), "grad") == nullptr)
                 finding(rank_, k, "the unused-grad report names no grad");
               check_values(k, false);
+            } else {
+              shards_local_ = true;
             }
           }
           break;
@@ -685,9 +707,25 @@ void Rank::run() {
           if (iter_sync_) {
             ++iter_;
             check_values(k, false);
+          } else {
+            shards_local_ = true;
           }
           break;
         }
+        case OP_SHARD_QUERY: shard_query(k, c, idx, bad_idx); break;
+        case OP_GATHER: gather(k); break;
+        case OP_WAIT: {
+          const bool all = c.b & 1;  // -1: every bucket
+          ddp_status_t want = aborted_          ? DDP_ERR_ABORTED
+                              : !sharded_       ? DDP_ERR_INVALID_STATE
+                              : bad_idx && !all ? DDP_ERR_INVALID_ARGUMENT
+                              : !gathered_      ? DDP_ERR_INVALID_STATE
+                                                : DDP_SUCCESS;
+          s = ddp_wait_params(d_, all ? -1 : idx == -1 ? INT32_MIN : idx, nullptr);  // -1 would mean all
+          expect(k, s, want, "ddp_wait_params");
+          break;
+        }
+        case OP_NORM: norm(k); break;
       }
       agree(k);
       if (perm_.size() != grads_.size()) {
@@ -708,6 +746,98 @@ void Rank::run() {
   for (ddp_comm_t c : extra_) ddp_comm_destroy(c);
   if (ddp_destroy(nullptr) != DDP_SUCCESS || ddp_comm_destroy(nullptr) != DDP_SUCCESS)
     finding(rank_, 0, "a destroy function refused NULL");
+}
+
+// The shard queries: refused on unsharded contexts, bad indices refused, and the geometry sound.
+void Rank::shard_query(size_t k, const Call& c, int idx, bool bad_idx) {
+  const ddp_status_t off = aborted_ ? DDP_ERR_ABORTED : !sharded_ ? DDP_ERR_INVALID_STATE : DDP_SUCCESS;
+  ddp_status_t s;
+  if (c.b % 3 == 0) {
+    size_t first = 0, count = 0, pos = 0;
+    ddp_status_t want = off ? off : bad_idx ? DDP_ERR_INVALID_ARGUMENT : commit_status();
+    s = ddp_grad_shard(d_, idx, &first, &count, &pos);
+    expect(k, s, want, "ddp_grad_shard");
+    if (s == DDP_SUCCESS && first + count > grads_[static_cast<size_t>(idx)].numel)
+      finding(rank_, k, "ddp_grad_shard: the owned range leaves the grad");
+  } else if (c.b % 3 == 1) {
+    void* q = nullptr;
+    ddp_status_t want = off ? off : bad_idx ? DDP_ERR_INVALID_ARGUMENT : commit_status();
+    s = ddp_param_ptr(d_, idx, &q);
+    expect(k, s, want, "ddp_param_ptr");
+    if (s == DDP_SUCCESS && !q) finding(rank_, k, "ddp_param_ptr returned NULL");
+  } else {
+    ddp_status_t want = off ? off : commit_status();
+    int nb = 0;
+    if (want == DDP_SUCCESS && ddp_get_plan(d_, &nb, nullptr) != DDP_SUCCESS) finding(rank_, k, "ddp_get_plan failed");
+    const int b = static_cast<int>(c.a % (nb + 2)) - 1;  // -1 and nb: out of range
+    if (want == DDP_SUCCESS && (b < 0 || b >= nb)) want = DDP_ERR_INVALID_ARGUMENT;
+    ddp_shard_info_t info;
+    info.size = sizeof info;
+    s = ddp_get_shard(d_, b, &info);
+    expect(k, s, want, "ddp_get_shard");
+    if (s == DDP_SUCCESS &&
+        (info.bucket_numel != info.shard_numel * static_cast<size_t>(p_.world) ||
+         info.shard_offset != info.shard_numel * static_cast<size_t>(rank_) || info.grads_numel > info.bucket_numel ||
+         (info.shard_numel * esize(info.dtype)) % 256 != 0 || !info.grad_shard || !info.param_shard))
+      finding(rank_, k, "ddp_get_shard: impossible shard geometry");
+  }
+}
+
+// Each rank writes its parameter shards, gathers, waits for all, and must see every rank's values.
+void Rank::gather(size_t k) {
+  ddp_status_t want = aborted_                     ? DDP_ERR_ABORTED
+                      : !sharded_                  ? DDP_ERR_INVALID_STATE
+                      : st_ == St::InBackward      ? DDP_ERR_INVALID_STATE
+                      : gathered_ || shards_local_ ? DDP_ERR_INVALID_STATE
+                                                   : commit_status();
+  std::vector<ddp_shard_info_t> shards;
+  int nb = 0;
+  if (want == DDP_SUCCESS && ddp_get_plan(d_, &nb, nullptr) != DDP_SUCCESS) finding(rank_, k, "ddp_get_plan failed");
+  for (int b = 0; b < nb; ++b) {
+    ddp_shard_info_t info;
+    info.size = sizeof info;
+    if (ddp_get_shard(d_, b, &info) != DDP_SUCCESS) finding(rank_, k, "ddp_get_shard failed");
+    for (size_t j = 0; j < info.shard_numel; ++j) store(info.param_shard, j, info.dtype, rank_ * 64 + b + j % 16);
+    shards.push_back(info);
+  }
+  ddp_status_t s = ddp_gather_params(d_, nullptr);
+  expect(k, s, want, "ddp_gather_params");
+  if (s != DDP_SUCCESS) return;
+  gathered_ = true;
+  s = ddp_wait_params(d_, -1, nullptr);
+  expect(k, s, DDP_SUCCESS, "ddp_wait_params");
+  for (int b = 0; b < nb; ++b) {
+    const ddp_shard_info_t& info = shards[static_cast<size_t>(b)];
+    const char* all = static_cast<const char*>(info.param_shard) - info.shard_offset * esize(info.dtype);
+    for (size_t e = 0; e < info.bucket_numel; ++e)
+      if (load(all, e, info.dtype) !=
+          static_cast<double>((e / info.shard_numel) * 64 + b + (e % info.shard_numel) % 16))
+        finding(rank_, k, "after ddp_gather_params a parameter does not hold its owner's value");
+  }
+}
+
+// The norm over every rank's shards of the last reduction's values (the model's), NaN/Inf counted.
+void Rank::norm(size_t k) {
+  ddp_status_t want = aborted_                ? DDP_ERR_ABORTED
+                      : !sharded_             ? DDP_ERR_INVALID_STATE
+                      : st_ == St::InBackward ? DDP_ERR_INVALID_STATE
+                                              : commit_status();
+  double got = -1;
+  uint64_t bad = 0;
+  ddp_status_t s = ddp_shard_norm(d_, nullptr, &got, &bad);
+  expect(k, s, want, "ddp_shard_norm");
+  if (s != DDP_SUCCESS || !fresh_) return;
+  double sq = 0;
+  uint64_t nonfinite = 0;
+  for (const Grad& g : grads_)
+    for (double v : g.val) {
+      if (std::isfinite(v))
+        sq += v * v;
+      else
+        ++nonfinite;
+    }
+  if (nonfinite != bad || std::fabs(got - std::sqrt(sq)) > 2e-2 * std::sqrt(sq) + 1e-9)
+    finding(rank_, k, "ddp_shard_norm disagrees with the reduced values");
 }
 
 Program parse(const uint8_t* data, size_t size) {
@@ -738,6 +868,10 @@ Program parse(const uint8_t* data, size_t size) {
   if (q & 0x40) c.timeline_path = "/tmp/libddp-fuzz-timeline.json";
   if (m & 0x80) c.stall_warning_ms = 1 + (q & 7) * 50;  // warnings go to the fuzzer's callbacks
   if (p.world == 2 && (q & 0x80)) p.diverge = 1 + in.u8() % 4;
+  // Sharded when the layout and plan allow it, for odd seeds; a plan that differs on one rank would
+  // be refused there before the agreement the other rank waits in.
+  c.shard = c.layout == DDP_LAYOUT_ARENA && c.plan_order == DDP_PLAN_REGISTRATION && (p.seed & 1);
+  if (c.shard && p.diverge == 4) p.diverge = 0;
   if (p.diverge == 3) p.diverge_grad = in.u8() % 8;
   // Now and then a field the library must refuse.
   const uint8_t bad = in.u8();
@@ -760,11 +894,15 @@ Program parse(const uint8_t* data, size_t size) {
       case 12: c.unused_policy = 2; break;
       case 13: c.gradient_predivide_factor = INFINITY; break;
       case 14: c.stall_warning_ms = -1; break;
-      default:
-        p.cfg_valid = true;
-        c.num_streams = 64;
-        p.stream_comms = false;
-        break;  // valid, many threads
+      case 15:
+        if (c.layout == DDP_LAYOUT_ARENA && c.plan_order == DDP_PLAN_REGISTRATION) {
+          p.cfg_valid = true;
+          c.num_streams = 64;
+          p.stream_comms = false;
+        } else {
+          c.shard = 1;  // refused: sharding needs the arena layout and the registration plan
+        }
+        break;
     }
   }
   if (p.diverge == 3 && p.diverge_grad < 0) p.diverge = 0;

@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
   expect("ddp_comm_init_nccl (device 3)", ddp_comm_init_nccl(&id, 1, 0, 3, &comm), want, needle);
   expect("ddp_comm_init_nccl_mpi", ddp_comm_init_nccl_mpi(NULL, 0, &comm), want, needle);
   expect_untouched("ddp_comm_init_nccl_mpi", comm);
+  expect("ddp_comm_init_nccl_timeout", ddp_comm_init_nccl_timeout(&id, 1, 0, 0, 1000, &comm), want, needle);
+  expect_untouched("ddp_comm_init_nccl_timeout", comm);
+  expect("ddp_comm_init_nccl_mpi_timeout", ddp_comm_init_nccl_mpi_timeout(NULL, 0, 1000, &comm), want, needle);
+  expect_untouched("ddp_comm_init_nccl_mpi_timeout", comm);
   /* A pointer that is no communicator at all must not be touched when no device exists. */
   expect("ddp_comm_wrap_nccl", ddp_comm_wrap_nccl((void*)(size_t)0x1000, &comm), want, needle);
   expect_untouched("ddp_comm_wrap_nccl", comm);
@@ -54,6 +58,8 @@ int main(int argc, char** argv) {
   expect("ddp_comm_init_nccl(id NULL)", ddp_comm_init_nccl(NULL, 1, 0, 0, &comm), DDP_ERR_INVALID_ARGUMENT, "id");
   expect("ddp_comm_init_nccl(rank 1 of 1)", ddp_comm_init_nccl(&id, 1, 1, 0, &comm), DDP_ERR_INVALID_ARGUMENT, "rank");
   expect("ddp_nccl_get_unique_id(NULL)", ddp_nccl_get_unique_id(NULL), DDP_ERR_INVALID_ARGUMENT, "id");
+  expect("ddp_comm_init_nccl_timeout(-1)", ddp_comm_init_nccl_timeout(&id, 1, 0, 0, -1, &comm),
+         DDP_ERR_INVALID_ARGUMENT, "timeout_ms is -1");
   expect("ddp_comm_wrap_nccl(NULL)", ddp_comm_wrap_nccl(NULL, &comm), DDP_ERR_INVALID_ARGUMENT, "nccl_comm");
   /* The host path still works in the same process. */
   {

@@ -88,7 +88,7 @@ TEST_CASE("shard: every shard call on an unsharded context is refused") {
   void* p = nullptr;
   double norm = 0;
   size_t first = 0;
-  CHECK_STATUS(ddp_get_shard(d, 0, &info), DDP_ERR_INVALID_STATE, "ddp_get_shard needs a sharded context");
+  CHECK_STATUS(ddp_get_shard(d, 0, &info), DDP_ERR_INVALID_STATE, "ddp_get_shard: this call needs a sharded context");
   CHECK_STATUS(ddp_grad_shard(d, 0, &first, nullptr, nullptr), DDP_ERR_INVALID_STATE, "needs a sharded context");
   CHECK_STATUS(ddp_param_ptr(d, 0, &p), DDP_ERR_INVALID_STATE, "needs a sharded context");
   CHECK_STATUS(ddp_broadcast_params(d, 0, nullptr), DDP_ERR_INVALID_STATE, "needs a sharded context");

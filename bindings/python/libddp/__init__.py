@@ -12,7 +12,7 @@ from . import _lib
 from .errors import (DDPError, InvalidArgumentError, InvalidStateError, MismatchError, OutOfMemoryError,
                      UnsupportedError, CudaError, NcclError, MpiError, DDPTimeoutError, AbortedError,
                      InternalError, ClosedError, from_status)
-from .core import (Comm, LocalGroup, DDP, Stats, Bucket, Plan, F16, BF16, F32, F64, dtype_code, buffer_info,
+from .core import (Comm, LocalGroup, DDP, Stats, Bucket, Plan, Shard, F16, BF16, F32, F64, dtype_code, buffer_info,
                    make_config)
 
 library_path = _lib.path

@@ -219,6 +219,20 @@ class LocalGroup(_Handle):
 Stats = namedtuple("Stats", [f for f, _ in L.ddp_stats_t._fields_ if f != "size"])
 Bucket = namedtuple("Bucket", "dtype wire numel grads stream")
 Plan = namedtuple("Plan", "learned buckets")
+Shard = namedtuple("Shard", "dtype bucket_numel shard_numel shard_offset arena_offset grad_ptr param_ptr grads_numel")
+
+
+def _host_array(ptr, n, code, shape=None):
+    """A numpy array over n elements of `code` at host address `ptr`."""
+    import numpy as np
+
+    if code == BF16:
+        raise InvalidArgumentError("libddp: numpy has no bfloat16; use the pointer")
+    ct = {F16: ctypes.c_uint16, F32: ctypes.c_float, F64: ctypes.c_double}[code]
+    a = np.ctypeslib.as_array((ct * n).from_address(ptr))
+    if code == F16:
+        a = a.view(np.float16)
+    return a.reshape(shape) if shape is not None else a
 
 _ENUMS = {
     "layout": {"copy": L.DDP_LAYOUT_COPY, "arena": L.DDP_LAYOUT_ARENA},
@@ -317,20 +331,10 @@ class DDP(_Handle):
     def grad_array(self, index, shape=None):
         """A numpy array over grad `index`'s current storage (host memory). In the arena layout with the
         learned plan the storage moves once, after the first synced backward: take the array again then."""
-        import numpy as np
-
         n, code, device = self._grads[index]
         if device:
             raise InvalidArgumentError("libddp: grad %d is device memory; use grad_ptr()" % index)
-        if code == BF16:
-            raise InvalidArgumentError("libddp: numpy has no bfloat16; use grad_ptr()")
-        ptr = self.grad_ptr(index)
-        ct = {F16: ctypes.c_uint16, F32: ctypes.c_float, F64: ctypes.c_double}[code]
-        raw = (ct * n).from_address(ptr)
-        a = np.ctypeslib.as_array(raw)
-        if code == F16:
-            a = a.view(np.float16)
-        return a.reshape(shape) if shape is not None else a
+        return _host_array(self.grad_ptr(index), n, code, shape)
 
     def set_grad(self, index, buf):
         """Copy layout: grad `index` now lives in `buf` (same numel and dtype)."""
@@ -399,6 +403,66 @@ class DDP(_Handle):
 
     def synchronize(self):
         L.lib.ddp_synchronize(self._handle())
+
+    # -- sharded contexts (shard=True) -----------------------------------------------------------
+    def shard(self, bucket):
+        """This rank's shard of `bucket`: Shard(dtype, bucket_numel, shard_numel, shard_offset, arena_offset,
+        grad_ptr, param_ptr, grads_numel). After a reduction only the shard holds reduced grads."""
+        info = L.ddp_shard_info_t()
+        info.size = ctypes.sizeof(info)
+        L.lib.ddp_get_shard(self._handle(), bucket, ctypes.byref(info))
+        return Shard(DTYPE_NAMES.get(info.dtype, info.dtype), info.bucket_numel, info.shard_numel, info.shard_offset,
+                     info.arena_offset, info.grad_shard or 0, info.param_shard or 0, info.grads_numel)
+
+    def shards(self):
+        """Every bucket's shard, in plan order."""
+        return [self.shard(b) for b in range(len(self.plan.buckets))]
+
+    def shard_arrays(self, bucket):
+        """(grads, params): numpy arrays over this rank's shard of `bucket` in the grad and parameter
+        arenas (host memory): flat vectors an elementwise optimizer can update in place."""
+        s = self.shard(bucket)
+        code = dtype_code(s.dtype)
+        return _host_array(s.grad_ptr, s.shard_numel, code), _host_array(s.param_ptr, s.shard_numel, code)
+
+    def grad_shard(self, index):
+        """(first, count, shard_pos): the elements [first, first + count) of grad `index` this rank owns,
+        at shard_pos in its bucket's shard."""
+        first, count, pos = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+        L.lib.ddp_grad_shard(self._handle(), index, ctypes.byref(first), ctypes.byref(count), ctypes.byref(pos))
+        return first.value, count.value, pos.value
+
+    def param_ptr(self, index):
+        """The address of parameter `index` in the library's parameter arena."""
+        p = ctypes.c_void_p()
+        L.lib.ddp_param_ptr(self._handle(), index, ctypes.byref(p))
+        return p.value or 0
+
+    def param_array(self, index, shape=None):
+        """A numpy array over parameter `index` in the parameter arena (host memory)."""
+        n, code, device = self._grads[index]
+        if device:
+            raise InvalidArgumentError("libddp: parameter %d is device memory; use param_ptr()" % index)
+        return _host_array(self.param_ptr(index), n, code, shape)
+
+    def broadcast_params(self, root=0, stream=None):
+        """The whole parameter arena from `root`. Collective."""
+        L.lib.ddp_broadcast_params(self._handle(), root, stream_ptr(stream))
+
+    def gather_params(self, stream=None):
+        """Launches the all-gather of every bucket's parameter shard (forward order). Collective."""
+        L.lib.ddp_gather_params(self._handle(), stream_ptr(stream))
+
+    def wait_params(self, index=-1, stream=None):
+        """Waits for the gather of parameter `index`'s bucket (-1: all of them)."""
+        L.lib.ddp_wait_params(self._handle(), index, stream_ptr(stream))
+
+    def shard_norm(self, stream=None):
+        """(norm, nonfinite): the global L2 norm of the reduced grads over every rank's shard, and the
+        number of NaN/Inf among them; the same on every rank. Collective."""
+        norm, bad = ctypes.c_double(), ctypes.c_uint64()
+        L.lib.ddp_shard_norm(self._handle(), stream_ptr(stream), ctypes.byref(norm), ctypes.byref(bad))
+        return norm.value, bad.value
 
     # -- inspection ----------------------------------------------------------------------------
     @property

@@ -18,6 +18,12 @@ Where torch.nn.parallel.DistributedDataParallel defines a behaviour, this module
 - no_sync(): grads accumulate locally; the next synced pass reduces the sum. As in torch, "used" means used
   in that synced pass: a parameter used only in the no_sync passes and by no rank in the synced one keeps
   its local, unreduced .grad.
+
+Sharded (ZeRO-1/2, Megatron's distributed optimizer): DistributedDataParallel(model, shard=True) keeps
+the parameters in the library's parameter arena (p.data become views) and reduce-scatters the grads;
+ShardedOptimizer(model, torch.optim.Adam, lr=...) runs any elementwise torch optimizer over this rank's
+flat shards only (its state is 1/world of the model), clips by the global norm if asked, and gathers
+the parameters, which the next forward pass waits for layer by layer.
 """
 import contextlib
 import ctypes
@@ -28,7 +34,7 @@ import torch
 from . import _lib as L
 from .core import DDP, Comm, dtype_code
 
-__all__ = ["DistributedDataParallel", "default_comm"]
+__all__ = ["DistributedDataParallel", "ShardedOptimizer", "default_comm"]
 
 
 class _CudaView:
@@ -111,6 +117,12 @@ class DistributedDataParallel(torch.nn.Module):
         self._params = self._trainable(module)
         self._cuda = self._params[0].is_cuda
         self.comm = comm if comm is not None else default_comm(self._params[0].device)
+        self.sharded = bool(config.get("shard", False))
+        if self.sharded:
+            layout = "arena" if layout == "copy" else layout  # a shard is a range of the arena
+            if find_unused_parameters:
+                raise ValueError("libddp.torch: find_unused_parameters is not available with shard=True (the usage "
+                                 "map would be reduced into one rank's shard); use unused_policy='zero'")
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
         config.setdefault("plan_order", "registration" if self.arena else "learned")
         self.ddp = DDP(self.comm, layout=layout, **config)
@@ -126,6 +138,9 @@ class DistributedDataParallel(torch.nn.Module):
             self._sync_buffers()
         self._register(allreduce_trigger_params)
         self._install_hooks()
+        self._gathering = False
+        if self.sharded:
+            self._bind_params()
 
     @staticmethod
     def _trainable(module):
@@ -231,6 +246,28 @@ class DistributedDataParallel(torch.nn.Module):
                     v.copy_(g)
                 p.grad = v
                 del old, g
+
+    def _bind_params(self):
+        """Sharded: every parameter's data becomes its view in the parameter arena (values moved in), and
+        each module waits, before its forward, for the gather of its own parameters."""
+        index = {}
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                v = _view(self.ddp.param_ptr(self._base + i), p)
+                v.copy_(p.data)
+                p.data = v
+                index[id(p)] = self._base + i
+        for m in self.module.modules():
+            mine = sorted(set(index[id(p)] for p in m.parameters(recurse=False) if id(p) in index))
+            if mine:
+                self._hooks.append(m.register_forward_pre_hook(self._make_waiter(mine)))
+
+    def _make_waiter(self, indices):
+        def wait(*_):
+            if self._gathering:
+                for i in indices:
+                    self.ddp.wait_params(i, self._stream())
+        return wait
 
     def _adopt_grad(self, i):
         """Arena: p.grad must be the view before it is reduced (torch may have replaced or dropped it)."""
@@ -359,6 +396,9 @@ class DistributedDataParallel(torch.nn.Module):
         if training and not self._in_backward:
             self._begin()
         out = self.module(*args, **kwargs)
+        if self._gathering:  # parameters of modules the forward did not run
+            self.ddp.wait_params(-1, self._stream())
+            self._gathering = False
         # torch: buffers are synced before the next forward only after a training forward with sync on.
         self._buffers_due = training and self._sync
         return out
@@ -376,6 +416,12 @@ class DistributedDataParallel(torch.nn.Module):
             if not self.ddp.closed and not self._in_backward:
                 self.ddp.set_sync(True)
                 self._sync = True
+
+    def gather_params(self):
+        """Sharded: launches the all-gather of the parameters (after the optimizer updated the shards);
+        the next forward pass waits for each module's own."""
+        self.ddp.gather_params(self._stream())
+        self._gathering = True
 
     @property
     def stats(self):
@@ -398,5 +444,72 @@ class DistributedDataParallel(torch.nn.Module):
                 for p in self._params:
                     if p.grad is not None:
                         p.grad = p.grad.clone()
+        if self.sharded and not self.ddp.closed:
+            with torch.no_grad():
+                for p in self._params:  # the parameter arena goes with the context
+                    p.data = p.data.clone()
         self._views = [None] * len(self._params)
         self.ddp.close()
+
+
+class ShardedOptimizer:
+    """Any elementwise torch optimizer (SGD with momentum, Adam, AdamW, ...) over this rank's flat shards
+    of a sharded DistributedDataParallel (shard=True): its state holds 1/world of the parameters.
+
+        model = DistributedDataParallel(net, shard=True)
+        opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-3, max_grad_norm=1.0)
+        loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
+
+    step() clips by the global L2 norm over every rank's shards when max_grad_norm is set (as
+    torch.nn.utils.clip_grad_norm_: grads scaled by max_norm / (norm + 1e-6) when that is below 1),
+    runs the optimizer on the shards, and launches the parameter gather. It returns the global norm
+    (None without max_grad_norm). zero_grad() acts on the model's grads."""
+
+    def __init__(self, model, optimizer_class, max_grad_norm=None, **kwargs):
+        if not getattr(model, "sharded", False):
+            raise ValueError("libddp.torch: ShardedOptimizer needs DistributedDataParallel(..., shard=True)")
+        self.model = model
+        self.max_grad_norm = max_grad_norm
+        self.flat = []
+        for s in model.ddp.shards():
+            like = torch.empty(s.shard_numel, dtype=getattr(torch, s.dtype), device=model._params[0].device)
+            p = torch.nn.Parameter(_view(s.param_ptr, like), requires_grad=True)
+            p.grad = _view(s.grad_ptr, like)
+            self.flat.append(p)
+        self.optimizer = optimizer_class(self.flat, **kwargs)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    def clip_grad_norm(self, max_norm):
+        """Scales the shards' grads so that their global norm is at most max_norm; returns the norm."""
+        norm, _ = self.model.ddp.shard_norm(self.model._stream())
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            with torch.no_grad():
+                for p in self.flat:
+                    p.grad.mul_(coef)
+        return norm
+
+    def step(self):
+        norm = self.clip_grad_norm(self.max_grad_norm) if self.max_grad_norm is not None else None
+        self.optimizer.step()
+        self.model.gather_params()
+        return norm
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.model._params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                with torch.no_grad():
+                    p.grad.zero_()

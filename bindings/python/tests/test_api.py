@@ -236,3 +236,38 @@ def test_ddp_debug_info_prints_the_plan_and_summaries_and_nothing_otherwise(debu
         assert "libddp info: rank 0: plan of 1 grads in 1 buckets" in err, err
         assert "bucket 0: 1 grads, 8 elements of f32" in err, err
         assert err.count("libddp info: rank 0: iteration") == 2, err  # iterations 2 and 4
+
+
+def test_sharded_context_on_one_rank():
+    """The shard views and calls of a sharded context; misuse raises with the library's message."""
+    comm = libddp.Comm.self()
+    with libddp.DDP(comm, layout="arena", plan_order="registration", shard=True, message_size=100,
+                    gradient_predivide_factor=2.0, gradient_average=False) as d:
+        a = d.register(numel=70, dtype="float32")
+        b = d.register(numel=30, dtype="float64")
+        d.commit()
+        d.grad_array(a)[:] = np.arange(70)
+        d.grad_array(b)[:] = 1.0
+        with d.backward():
+            d.grad_ready(b)
+            d.grad_ready(a)
+        shards = d.shards()
+        assert [s.shard_offset for s in shards] == [0, 0]
+        assert all(s.bucket_numel >= s.grads_numel and s.arena_offset % 256 == 0 for s in shards)
+        assert d.grad_shard(a) == (0, 70, 0)
+        np.testing.assert_array_equal(d.grad_array(a), np.arange(70) / 2.0)
+        norm, bad = d.shard_norm()
+        assert abs(norm - np.sqrt((np.arange(70) / 2.0) @ (np.arange(70) / 2.0) + 30 * 0.25)) < 1e-9 and bad == 0
+        grads, params = d.shard_arrays(0)
+        params[:] = 3.0
+        d.gather_params()
+        d.wait_params(a)
+        assert (d.param_array(a) == 3.0).all()
+        with pytest.raises(libddp.InvalidStateError, match="already gathered since the last reduction"):
+            d.gather_params()
+    with libddp.DDP(comm) as plain:
+        with pytest.raises(libddp.InvalidStateError, match="needs a sharded context"):
+            plain.gather_params()
+    with pytest.raises(libddp.InvalidArgumentError, match="config.shard needs config.layout = DDP_LAYOUT_ARENA"):
+        libddp.DDP(comm, shard=True)
+

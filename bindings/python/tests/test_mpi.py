@@ -26,6 +26,17 @@ def test_torch_matches_torch_ddp_on_gloo(np_):
     print(out)
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torch_sharded_matches_torch_ddp_with_clipping(np_):
+    """shard=True and ShardedOptimizer (SGD with momentum, Adam, AdamW, clipped by the global norm)
+    against torch DDP and the same optimizer over the whole model, 10 steps."""
+    pytest.importorskip("torch")
+    rc, out = mpirun(np_, [PYTHON, os.path.join(HERE, "torch_shard_parity.py")])
+    assert rc == 0, out
+    assert out.count("sharded parity ok") == np_, out
+    print(out)
+
+
 def _python_examples():
     text = open(os.path.join(ROOT, "docs", "bindings.md")).read()
     section = re.search(r"## Python(.*?)\n## ", text, re.S).group(1)
