@@ -629,6 +629,76 @@ int bench_memory(const char* layout_name) {
   return 0;
 }
 
+// ------------------------------------------------------------------------------------------------
+// 6. sharded: reduce-scatter + all-gather against the allreduce path, on the same grads
+// ------------------------------------------------------------------------------------------------
+double gather_ms(Model& m) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  check(ddp_gather_params(m.ddp, nullptr), "ddp_gather_params");
+  check(ddp_wait_params(m.ddp, -1, nullptr), "ddp_wait_params");
+  return max_over_ranks(double(now_ns() - t0) / 1e6);
+}
+
+int bench_sharded() {
+  const std::vector<size_t> sizes = transformer_grad_sizes();
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  const int reps = 9;
+  ddp_comm_t comm = world_comm();
+  ddp_config_t plain = config(DDP_LAYOUT_ARENA, 10000000), sharded = plain;
+  sharded.shard = 1;
+  Model a = make_model(comm, plain, sizes), s = make_model(comm, sharded, sizes);
+  size_t shard_numel = 0;
+  for (int b = 0; b < num_buckets(s.ddp); ++b) {
+    ddp_shard_info_t info;
+    info.size = sizeof info;
+    check(ddp_get_shard(s.ddp, b, &info), "ddp_get_shard");
+    shard_numel += info.shard_numel;
+  }
+  iteration_ms(a);  // warm-up
+  iteration_ms(s);
+  gather_ms(s);
+  std::vector<double> all_ms, rs_ms, ag_ms, both_ms;
+  for (int r = 0; r < reps; ++r) {  // interleaved, so that a change of load hits both alike
+    all_ms.push_back(iteration_ms(a));
+    const double x = iteration_ms(s), y = gather_ms(s);
+    rs_ms.push_back(x);
+    ag_ms.push_back(y);
+    both_ms.push_back(x + y);
+  }
+  ddp_destroy(a.ddp);
+  ddp_destroy(s.ddp);
+  ddp_comm_destroy(comm);
+  if (g_rank == 0) {
+    const double all = median(all_ms), both = median(both_ms);
+    // Adam's state: two f32 moments per parameter, of the whole model or of this rank's shards.
+    const double full_state = 8.0 * double(total), shard_state = 8.0 * double(shard_numel);
+    std::printf("\n## 6. sharded: %d ranks, %zu f32 grads, %.1fM elements, arena, message_size 10M\n\n", g_world,
+                sizes.size(), double(total) / 1e6);
+    std::printf(
+        "median of %d interleaved rounds, slowest rank\n\n| what | ms | over the allreduce path |\n|---|---:|---:|\n",
+        reps);
+    std::printf("| allreduce path (every grad reduced on every rank) | %.1f | 1.000 |\n", all);
+    std::printf("| sharded: backward with reduce-scatter | %.1f | %.3f |\n", median(rs_ms), median(rs_ms) / all);
+    std::printf("| sharded: parameter all-gather + wait | %.1f | %.3f |\n", median(ag_ms), median(ag_ms) / all);
+    std::printf("| sharded: both | %.1f | %.3f |\n", both, both / all);
+    std::printf("\nAdam state per rank: %.1f MB sharded, %.1f MB unsharded (%.3f of it; 1/world = %.3f)\n",
+                shard_state / 1e6, full_state / 1e6, shard_state / full_state, 1.0 / g_world);
+    std::printf("\ntarget: reduce-scatter + all-gather <= 1.10 x the allreduce path: %.3f %s\n", both / all,
+                both / all <= 1.10 ? "met" : "MISSED");
+    FILE* f = open_json("sharded");
+    json_head(f, "sharded");
+    std::fprintf(f,
+                 "\"grads\":%zu,\"numel\":%zu,\"shard_numel\":%zu,\"allreduce_ms\":%s,\"reduce_scatter_ms\":%s,"
+                 "\"all_gather_ms\":%s}\n",
+                 sizes.size(), total, shard_numel, json_array(all_ms).c_str(), json_array(rs_ms).c_str(),
+                 json_array(ag_ms).c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -638,7 +708,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (argc < 3) {
     if (g_rank == 0)
-      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory OUTDIR [copy|arena]\n");
+      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded OUTDIR [copy|arena]\n");
     MPI_Finalize();
     return 2;
   }
@@ -659,6 +729,8 @@ int main(int argc, char** argv) {
     rc = bench_lastready(argc > 3 ? std::atof(argv[3]) : 0.0, argc > 4 ? std::atof(argv[4]) : 0.0);
   else if (what == "memory" && argc > 3)
     rc = bench_memory(argv[3]);
+  else if (what == "sharded")
+    rc = bench_sharded();
   else if (g_rank == 0)
     std::fprintf(stderr, "unknown benchmark '%s'\n", what.c_str());
   std::fflush(stdout);

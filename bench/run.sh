@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: the five benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# make bench: the six benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
 # Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
 set -u
 bin=$1; out=$2
@@ -47,6 +47,7 @@ c, a = rows[0]["library_beyond_grads"] / g, rows[1]["library_beyond_grads"] / g
 print(f"\ntargets: arena < 1% of the grads: {a:.4f} {'met' if a < 0.01 else 'MISSED'}; copy <= 1x: {c:.4f} {'met' if c <= 1 else 'MISSED'}")
 json.dump({"bench": "memory", "runs": rows}, open(f"{out}/memory.json", "w"), indent=1)
 PY
+step "6. sharded"; run 240 "$NP" "$bin" sharded "$out"
 echo
 echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $fail

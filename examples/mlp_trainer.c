@@ -4,10 +4,13 @@
  * The model is an MLP  512 -> 2048 -> 2048 -> 2048 -> 10  (ReLU between layers, softmax cross-entropy
  * at the end; 9.46M parameters), trained with plain SGD on a synthetic 10-class task. Every rank runs
  * the same program; each global batch is split so that rank r trains on its own slice of it (the data
- * is sharded by rank). Forward and backward are written out below; backward walks the layers from the
- * last to the first, and as soon as a layer's weight and bias gradients are final it marks them ready
- * with ddp_grad_ready, so that libddp reduces the buckets of the later layers while the earlier layers'
- * gradients are still being computed.
+ * is sharded by rank). --optimizer momentum|adam replaces plain SGD; --shard keeps the optimizer's
+ * state for this rank's shard of the parameters only (a sharded context: the grads are reduce-scattered,
+ * each rank updates its shard of the parameter arena, the shards are all-gathered, and the next
+ * forward pass waits for each layer's parameters just before it uses them). Forward and backward are written out below;
+ * backward walks the layers from the last to the first, and as soon as a layer's weight and bias gradients are final it
+ * marks them ready with ddp_grad_ready, so that libddp reduces the buckets of the later layers while the earlier
+ * layers' gradients are still being computed.
  *
  * Per step it prints the global loss (the mean over every rank's slice, the same number on every rank;
  * the program checks that, and that the parameters stay identical, and exits non-zero otherwise). At
@@ -22,6 +25,7 @@
  *
  * Usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]
  *                    [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]
+ *                    [--optimizer sgd|momentum|adam] [--shard]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -45,8 +49,10 @@
 
 static const int kDims[NUM_LAYERS + 1] = {INPUT_DIM, 2048, 2048, 2048, NUM_CLASSES};
 
+enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
+
 typedef struct options {
-  int steps, batch, layout, delay, quiet;
+  int steps, batch, layout, delay, quiet, optimizer, shard;
   size_t message_size;
   float lr;
   const char* comm;
@@ -338,12 +344,13 @@ static int cmp_double(const void* a, const void* b) {
 static void usage(void) {
   fprintf(stderr,
           "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
-          "                   [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]\n");
+          "                   [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]\n"
+          "                   [--optimizer sgd|momentum|adam] [--shard]\n");
   exit(2);
 }
 
 static options_t parse(int argc, char** argv) {
-  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, 2000000, 0.05f, "mpi", NULL};
+  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, 2000000, 0.05f, "mpi", NULL};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -351,6 +358,8 @@ static options_t parse(int argc, char** argv) {
       o.delay = 1;
     else if (!strcmp(a, "--quiet"))
       o.quiet = 1;
+    else if (!strcmp(a, "--shard"))
+      o.shard = 1;
     else if (!v)
       usage();
     else if (!strcmp(a, "--steps"))
@@ -365,7 +374,17 @@ static options_t parse(int argc, char** argv) {
       o.comm = v, ++i;
     else if (!strcmp(a, "--timeline"))
       o.timeline = v, ++i;
-    else if (!strcmp(a, "--layout")) {
+    else if (!strcmp(a, "--optimizer")) {
+      if (!strcmp(v, "sgd"))
+        o.optimizer = OPT_SGD;
+      else if (!strcmp(v, "momentum"))
+        o.optimizer = OPT_MOMENTUM;
+      else if (!strcmp(v, "adam"))
+        o.optimizer = OPT_ADAM;
+      else
+        usage();
+      ++i;
+    } else if (!strcmp(a, "--layout")) {
       if (!strcmp(v, "arena"))
         o.layout = DDP_LAYOUT_ARENA;
       else if (!strcmp(v, "copy"))
@@ -377,7 +396,47 @@ static options_t parse(int argc, char** argv) {
       usage();
   }
   if (o.steps < 1 || o.batch < 1 || o.message_size < 1) usage();
+  if (o.shard && o.layout != DDP_LAYOUT_ARENA) {
+    fprintf(stderr, "--shard needs --layout arena (a shard is a range of the library's arena)\n");
+    exit(2);
+  }
   return o;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The optimizer: elementwise, so it runs the same over whole tensors or over flat shards. s1 and s2  */
+/* are its state (momentum; Adam's two moments), step counts from 1.                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int state_per_element(int optimizer) { return optimizer == OPT_ADAM ? 2 : optimizer == OPT_MOMENTUM; }
+
+static void optimizer_step(const options_t* o, int step, float* p, const float* g, float* s1, float* s2, size_t n) {
+  const float b1 = 0.9f, b2 = 0.999f;
+  const float c1 = 1.0f - powf(b1, (float)step), c2 = 1.0f - powf(b2, (float)step);
+  for (size_t i = 0; i < n; ++i) {
+    if (o->optimizer == OPT_SGD) {
+      p[i] -= o->lr * g[i];
+    } else if (o->optimizer == OPT_MOMENTUM) {
+      s1[i] = 0.9f * s1[i] + g[i];
+      p[i] -= o->lr * s1[i];
+    } else {
+      s1[i] = b1 * s1[i] + (1.0f - b1) * g[i];
+      s2[i] = b2 * s2[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] -= o->lr * (s1[i] / c1) / (sqrtf(s2[i] / c2) + 1e-8f);
+    }
+  }
+}
+
+/* Optimizer state for `n` elements (NULL when the optimizer keeps none); *bytes counts it. */
+static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
+  if (state_per_element(optimizer) <= which) return NULL;
+  *bytes += n * sizeof(float);
+  float* s = calloc(n ? n : 1, sizeof(float));
+  if (!s) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  return s;
 }
 
 int main(int argc, char** argv) {
@@ -397,6 +456,11 @@ int main(int argc, char** argv) {
   cfg.message_size = opt.message_size;
   cfg.delay_allreduce = opt.delay;
   cfg.timeline_path = opt.timeline;
+  cfg.shard = opt.shard;
+  if (opt.shard && t.device_grads) {
+    fprintf(stderr, "--shard: this example trains on the host; use --comm mpi or self\n");
+    exit(2);
+  }
   check(ddp_create(comm, &cfg, &t.ddp), "ddp_create");
   check(ddp_comm_destroy(comm), "ddp_comm_destroy");
 
@@ -407,8 +471,10 @@ int main(int argc, char** argv) {
   m.batch = B;
   size_t params = 0;
   for (int l = 0; l < NUM_LAYERS; ++l) {
-    m.W[l] = xmalloc(wcount(l) * sizeof(float));
-    m.b[l] = xmalloc((size_t)kDims[l + 1] * sizeof(float));
+    if (!opt.shard) { /* sharded: the parameters live in the library's parameter arena (below) */
+      m.W[l] = xmalloc(wcount(l) * sizeof(float));
+      m.b[l] = xmalloc((size_t)kDims[l + 1] * sizeof(float));
+    }
     params += wcount(l) + (size_t)kDims[l + 1];
   }
   for (int l = 0; l <= NUM_LAYERS; ++l) {
@@ -452,6 +518,10 @@ int main(int argc, char** argv) {
 #endif
       m.dW[l] = p[0];
       m.db[l] = p[1];
+      if (opt.shard) {
+        check(ddp_param_ptr(t.ddp, t.grad_index[l][0], (void**)&m.W[l]), "ddp_param_ptr");
+        check(ddp_param_ptr(t.ddp, t.grad_index[l][1], (void**)&m.b[l]), "ddp_param_ptr");
+      }
     }
 #ifdef DDP_EXAMPLE_CUDA
   if (t.device_grads) cudaStreamCreate(&t.stream);
@@ -467,7 +537,9 @@ int main(int argc, char** argv) {
       memset(m.b[l], 0, (size_t)kDims[l + 1] * sizeof(float));
     }
   }
-  if (!t.device_grads) {
+  if (opt.shard) {
+    check(ddp_broadcast_params(t.ddp, 0, NULL), "ddp_broadcast_params");
+  } else if (!t.device_grads) {
     void* bufs[2 * NUM_LAYERS];
     size_t counts[2 * NUM_LAYERS];
     ddp_dtype_t types[2 * NUM_LAYERS];
@@ -489,12 +561,38 @@ int main(int argc, char** argv) {
 
   int nb = 0;
   check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
+  /* Optimizer state: per tensor, or (sharded) per bucket shard only. */
+  size_t state_bytes = 0;
+  float *s1[2 * NUM_LAYERS] = {0}, *s2[2 * NUM_LAYERS] = {0};
+  float** shard_s1 = calloc((size_t)nb, sizeof(float*));
+  float** shard_s2 = calloc((size_t)nb, sizeof(float*));
+  for (int l = 0; !opt.shard && l < NUM_LAYERS; ++l) {
+    const size_t n[2] = {wcount(l), (size_t)kDims[l + 1]};
+    for (int k = 0; k < 2; ++k) {
+      s1[2 * l + k] = state_alloc(opt.optimizer, 0, n[k], &state_bytes);
+      s2[2 * l + k] = state_alloc(opt.optimizer, 1, n[k], &state_bytes);
+    }
+  }
+  for (int b = 0; opt.shard && b < nb; ++b) {
+    ddp_shard_info_t sh;
+    sh.size = sizeof sh;
+    check(ddp_get_shard(t.ddp, b, &sh), "ddp_get_shard");
+    shard_s1[b] = state_alloc(opt.optimizer, 0, sh.shard_numel, &state_bytes);
+    shard_s2[b] = state_alloc(opt.optimizer, 1, sh.shard_numel, &state_bytes);
+  }
   if (t.rank == 0)
     printf(
         "mlp_trainer: %d ranks over %s, %.2fM parameters in %d grads, %d buckets (%s layout, "
         "message_size %zu%s), batch %d per rank (%d global)\n",
         t.world, opt.comm, (double)params / 1e6, 2 * NUM_LAYERS, nb, arena ? "arena" : "copy", opt.message_size,
         opt.delay ? ", delay_allreduce" : "", B, B * t.world);
+  if (t.rank == 0)
+    printf("optimizer %s%s: state %.2f MB per rank (%.2f MB for the whole model)\n",
+           opt.optimizer == OPT_ADAM       ? "adam"
+           : opt.optimizer == OPT_MOMENTUM ? "momentum"
+                                           : "sgd",
+           opt.shard ? ", sharded" : "", (double)state_bytes / 1e6,
+           (double)(params * sizeof(float) * (size_t)state_per_element(opt.optimizer)) / 1e6);
 
   int* labels = xmalloc((size_t)B * sizeof(int));
   double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
@@ -508,6 +606,8 @@ int main(int argc, char** argv) {
       labels[r] = draw_sample(idx, m.act[0] + (size_t)r * INPUT_DIM);
     }
     int correct = 0;
+    if (opt.shard && step > 0) /* the gather launched after the last step, layer by layer in forward order */
+      for (int l = 0; l < NUM_LAYERS; ++l) check(ddp_wait_params(t.ddp, t.grad_index[l][0], NULL), "ddp_wait_params");
     const double local_loss = forward(&m, labels, &correct) / B;
 
     check(ddp_begin_backward(t.ddp, stream_of(&t)), "ddp_begin_backward");
@@ -519,12 +619,21 @@ int main(int argc, char** argv) {
     const double t_bwd = now_s();
     check(ddp_finish_backward(t.ddp, stream_of(&t)), "ddp_finish_backward");
     grads_to_host(&t, &m);
-    /* SGD: every rank applies the same averaged grads, so the parameters stay identical. */
-    for (int l = 0; l < NUM_LAYERS; ++l) {
-      float* W = m.W[l];
-      const float* dW = m.dW[l];
-      for (size_t i = 0; i < wcount(l); ++i) W[i] -= opt.lr * dW[i];
-      for (int i = 0; i < kDims[l + 1]; ++i) m.b[l][i] -= opt.lr * m.db[l][i];
+    /* The optimizer: every rank applies the same averaged grads, so the parameters stay identical.
+     * Sharded: each rank updates its own shards, then the shards are gathered. */
+    if (opt.shard) {
+      for (int b = 0; b < nb; ++b) {
+        ddp_shard_info_t sh;
+        sh.size = sizeof sh;
+        check(ddp_get_shard(t.ddp, b, &sh), "ddp_get_shard");
+        optimizer_step(&opt, step + 1, sh.param_shard, sh.grad_shard, shard_s1[b], shard_s2[b], sh.shard_numel);
+      }
+      check(ddp_gather_params(t.ddp, NULL), "ddp_gather_params");
+    } else {
+      for (int l = 0; l < NUM_LAYERS; ++l) {
+        optimizer_step(&opt, step + 1, m.W[l], m.dW[l], s1[2 * l], s2[2 * l], wcount(l));
+        optimizer_step(&opt, step + 1, m.b[l], m.db[l], s1[2 * l + 1], s2[2 * l + 1], (size_t)kDims[l + 1]);
+      }
     }
     const double t1 = now_s();
     steps_s[step] = t1 - t0;
@@ -532,6 +641,8 @@ int main(int argc, char** argv) {
 
     /* The global loss from every rank's local loss (the same sum in the same order on every rank),
      * and rank 0's parameter checksum compared with ours. */
+    if (opt.shard) /* the checksum below reads every parameter (a trainer would go on to the next forward) */
+      check(ddp_wait_params(t.ddp, -1, NULL), "ddp_wait_params");
     double mine[2] = {local_loss, param_checksum(&m)};
     gather_doubles(&t, mine, 2, all);
     double loss = 0.0;
@@ -602,10 +713,12 @@ int main(int argc, char** argv) {
   }
 #endif
   for (int l = 0; l < NUM_LAYERS; ++l) {
-    free(m.W[l]);
-    free(m.b[l]);
+    if (!opt.shard) free(m.W[l]), free(m.b[l]);
     if (!arena || t.device_grads) free(m.dW[l]), free(m.db[l]);
   }
+  for (int k = 0; k < 2 * NUM_LAYERS; ++k) free(s1[k]), free(s2[k]);
+  for (int b = 0; b < nb; ++b) free(shard_s1[b]), free(shard_s2[b]);
+  free(shard_s1), free(shard_s2);
   for (int l = 0; l <= NUM_LAYERS; ++l) free(m.act[l]), free(m.dact[l]);
   free(labels), free(steps_s), free(all), free(sorted);
   if (opt.steps >= 5 && !fell) {

@@ -1,5 +1,6 @@
 # Sharded reduction (config.shard): the multi-rank shard tests and the C training loop at every
-# world size of NP_LIST, and the guide's program (docs/sharded.md), compiled and run.
+# world size of NP_LIST, the guide's program (docs/sharded.md), compiled and run, and the example
+# trainer's --shard against its unsharded run.
 #   make suite-shard
 SHARD_TEST_BIN := $(BUILD)/tests/mpi_shard
 SHARD_TRAIN_BIN := $(BUILD)/tests/shard_train
@@ -19,8 +20,11 @@ $(SHARD_TEST_BIN): tests/mpi/mpi_shard.cpp tests/mpi/reference.hpp tests/mpi/har
 SUITES += shard
 .PHONY: suite-shard
 ifeq ($(HAVE_MPI),1)
-suite-shard: $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN)
-	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" GUIDE_CFLAGS="$(SAN)" tests/mpi/shard_suite.sh $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN) $(BUILD)
+# The example trainer is linked without $(SAN) (mk/demo.mk): a sanitized build leaves it out.
+SHARD_TRAINER := $(if $(SAN),,$(DEMO_BIN))
+suite-shard: $(SHARD_TEST_BIN) $(SHARD_TRAIN_BIN) $(SHARD_TRAINER)
+	$(Q)MPIRUN="$(MPIRUN)" NP_LIST="$(NP_LIST)" GUIDE_CFLAGS="$(SAN)" tests/mpi/shard_suite.sh $(SHARD_TEST_BIN) \
+	  $(SHARD_TRAIN_BIN) $(BUILD) $(SHARD_TRAINER)
 else
 suite-shard:
 	@echo "shard: skipped: built with MPI=0 (no mpicxx found, or MPI=0 was given)"

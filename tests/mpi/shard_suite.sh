@@ -2,8 +2,10 @@
 # The shard suite: the multi-rank shard tests and the C training loop (sharded against allreduced)
 # at every world size of NP_LIST, and the guide's program (docs/sharded.md) extracted, compiled and
 # run on 2 and 3 ranks. Prints "shard: P passed, F failed".
-# Usage: shard_suite.sh SHARD_TEST_BIN TRAIN_BIN BUILD_DIR
-test_bin=$1 train_bin=$2 build=$3
+# With TRAINER (the example trainer), also: --shard --optimizer adam must print the losses and test
+# accuracy of the unsharded run, with half the optimizer state, at 2 ranks.
+# Usage: shard_suite.sh SHARD_TEST_BIN TRAIN_BIN BUILD_DIR [TRAINER]
+test_bin=$1 train_bin=$2 build=$3 trainer=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 MPIRUN=${MPIRUN:-mpirun}
@@ -33,6 +35,20 @@ if mpicc -std=c99 -Wall -Werror ${GUIDE_CFLAGS:-} -I"$root/include" "$src" -o "$
   done
 else
   tf=$((tf + 1)); echo "guide: docs/sharded.md's program does not compile"
+fi
+if [ -n "$trainer" ]; then
+  run_trainer() { timeout 300 $MPIRUN --oversubscribe -np 2 "$trainer" --steps 4 --batch 16 --lr 0.001 --quiet \
+                    --optimizer adam "$@" 2>&1; }
+  plain=$(run_trainer); rc1=$?
+  sharded=$(run_trainer --shard); rc2=$?
+  want=$(grep -E '^loss .* ->' <<<"$plain"); got=$(grep -E '^loss .* ->' <<<"$sharded")
+  state=$(grep -E '^optimizer adam, sharded' <<<"$sharded")
+  echo "trainer: $state"
+  if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$want" ] && [ "$want" = "$got" ]; then
+    tp=$((tp + 1)); echo "trainer --shard: $got (the same as unsharded)"
+  else
+    tf=$((tf + 1)); echo "trainer --shard FAILED (exit $rc1/$rc2): '$got' vs '$want'"; echo "$sharded" | tail -n 8
+  fi
 fi
 echo "shard: $tp passed, $tf failed"
 [ "$tf" -eq 0 ]

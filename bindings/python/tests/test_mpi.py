@@ -43,10 +43,10 @@ def _python_examples():
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.parametrize("k", [0, 1, 2])
 def test_docs_python_examples_run_as_written(tmp_path, k):
     blocks = _python_examples()
-    assert len(blocks) == 2, "docs/bindings.md: expected two python examples"
+    assert len(blocks) == 3, "docs/bindings.md: expected three python examples"
     if "import torch" in blocks[k]:
         pytest.importorskip("torch")
     script = tmp_path / "example.py"
