@@ -18,6 +18,9 @@ add() {  # the last "label: P passed, F failed" line of $1
   tp=$((tp + $(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line"))); tf=$((tf + $(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")))
 }
 out=$(MPIRUN="$MPIRUN" "$here/run.sh" "$test_bin" mpi-shard 2>&1); echo "$out" | tail -n 6; add "$out" mpi-shard
+# The ring cuts each chunk into pieces of the host piece size: small pieces, many per chunk, at 3 ranks.
+out=$(DDP_HOST_PIECE_BYTES=4100 timeout 300 $MPIRUN --oversubscribe -np 3 -x DDP_HOST_PIECE_BYTES "$test_bin" 2>&1)
+echo "$out" | tail -n 2 | sed 's/^/small pieces: /'; add "$(sed 's/^mpi-shard(np=3[^:]*)/mpi-shard-pieces/' <<<"$out")" mpi-shard-pieces
 out=$(MPIRUN="$MPIRUN" "$here/run.sh" "$train_bin" shard-train 2>&1); echo "$out" | tail -n 6; add "$out" shard-train
 src="$build/tests/guide_sharded.c"
 awk '/^```c$/{on=1; next} /^```$/{on=0} on' "$root/docs/sharded.md" > "$src"

@@ -172,12 +172,15 @@ void ring_allreduce(RingState& r, const void* send, void* recv, size_t n, Dtype 
 // chunk: at step s a rank passes its partial sum of chunk (rank - s - 1) to the right and adds the
 // one it receives, chunk (rank - s - 2), into buf; at the last step that is its own chunk, which then
 // holds every contribution, and the same pass scales it.
-void ring_reduce_scatter(RingState& r, char* buf, size_t m, Dtype d, double factor, bool worker, Deadline dl) {
+void ring_reduce_scatter(RingState& r, char* buf, size_t m, Dtype d, double factor, size_t piece_bytes, bool worker,
+                         Deadline dl) {
   const MPI_Datatype t = mpi_type(d);
   const size_t es = dtype_size(d);
   const int w = r.size;
   auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
-  const size_t piece = std::max<size_t>(1, std::min(m, kRingMaxBytes / es / static_cast<size_t>(w)));
+  // Pieces of the host piece size in all (as the allreduce's): the sum reads what just arrived while
+  // it is still in cache.
+  const size_t piece = std::max<size_t>(1, std::min(m, piece_bytes / es / static_cast<size_t>(w)));
   ensure_scratch(r, piece * es);
   for (size_t lo = 0; lo < m; lo += piece) {
     const size_t n = std::min(piece, m - lo);
@@ -403,7 +406,8 @@ class MpiComm final : public Comm {
       host::convert(p, d, p, d, m, factor);
       return;
     }
-    run_ring([&](RingState& ring, bool worker) { ring_reduce_scatter(ring, p, m, d, factor, worker, dl); });
+    run_ring(
+        [&](RingState& ring, bool worker) { ring_reduce_scatter(ring, p, m, d, factor, piece_bytes_, worker, dl); });
   }
 
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
