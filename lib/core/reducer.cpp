@@ -221,7 +221,8 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
-      const size_t bytes = std::max(r->packed_numel, r->padded) * dtype_size(r->wire);
+      // Sharded: the staging buffer holds the padded bucket (the reduce-scatter's chunks).
+      const size_t bytes = (env_.shard ? r->padded : r->packed_numel) * dtype_size(r->wire);
       if (can_group_) {
         // A grouped launch packs every bucket before any collective: each needs its own range.
         r->stage_offset = need;
@@ -489,7 +490,7 @@ void Reducer::account(int b) {
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
   uint64_t bytes = 0;
   if (!env_.arena || r.wire != bk.dtype) {
-    bytes = std::max(r.packed_numel, r.padded) * dtype_size(r.wire);
+    bytes = (env_.shard ? r.padded : r.packed_numel) * dtype_size(r.wire);
     for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
   } else {
     bytes = r.padded * dtype_size(bk.dtype);

@@ -265,3 +265,25 @@ TEST_CASE("shard: 3 ranks of a local group reduce-scatter, gather and agree on t
     for (size_t k = 0; k < (i == 0 ? 301u : i == 1 ? 7u : 1000u); ++k) want += std::pow(2000.0 + i * 10.0 + k, 2);
   CHECK(norms[0] == doctest::Approx(std::sqrt(want)).epsilon(1e-12));
 }
+
+TEST_CASE("shard: an unsharded copy context still stages only its packed grads (no padded buckets)") {
+  ddp_local_group_t g;
+  REQUIRE(ddp_local_group_create(1, &g) == DDP_SUCCESS);
+  ddp_comm_t comm;
+  REQUIRE(ddp_comm_init_local(g, 0, &comm) == DDP_SUCCESS);
+  ddp_t d;
+  REQUIRE(ddp_create(comm, nullptr, &d) == DDP_SUCCESS);
+  std::vector<float> big(2u << 20), small(100);  // big: reduced in place (at least one host piece)
+  int i = -1;
+  REQUIRE(ddp_register_grad(d, big.data(), big.size(), DDP_F32, 0, &i) == DDP_SUCCESS);
+  REQUIRE(ddp_register_grad(d, small.data(), small.size(), DDP_F32, 0, &i) == DDP_SUCCESS);
+  REQUIRE(ddp_reduce_all(d, nullptr) == DDP_SUCCESS);
+  ddp_stats_t st;
+  st.size = sizeof st;
+  REQUIRE(ddp_get_stats(d, &st) == DDP_SUCCESS);
+  CHECK(st.library_bytes < 64 * 1024);  // the small grad's staging, not the whole bucket's 8 MB
+  CHECK(st.bytes_reduced == (big.size() + small.size()) * sizeof(float));
+  ddp_destroy(d);
+  ddp_comm_destroy(comm);
+  ddp_local_group_destroy(g);
+}
