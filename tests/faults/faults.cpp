@@ -146,6 +146,22 @@ bool all_gave(int, int) { return true; }
 
 enum class Fault { Exit, Kill, Stall };
 
+// After a fatal error: the next call answers DDP_ERR_ABORTED at once.
+template <class F>
+void check_aborted(const std::string& name, F&& call) {
+  const double t = now_ms();
+  const ddp_status_t s = call();
+  result(name + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t < 100, "next call -> " + status_text(s));
+}
+
+// ddp_destroy returns within the bound whatever state the context is in.
+void check_destroy(const std::string& name, ddp_t d) {
+  const double t = now_ms();
+  ddp_destroy(d);
+  const double dt = now_ms() - t;
+  result(name + "-destroy", dt <= g_timeout_ms + kMarginMs, "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+}
+
 ddp_config_t shard_config() {
   ddp_config_t cfg = base_config();
   cfg.layout = DDP_LAYOUT_ARENA;
@@ -209,16 +225,9 @@ int run_fault(Fault fault, const char* name, bool shard = false) {
     std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
     result(name, ok, b + status_text(s));
     // The context is now aborted: every call says so at once.
-    const double t2 = now_ms();
-    s = ddp_begin_backward(x.d, nullptr);
-    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100,
-           "next call -> " + status_text(s));
+    check_aborted(name, [&] { return ddp_begin_backward(x.d, nullptr); });
   }
-  const double t3 = now_ms();
-  ddp_destroy(x.d);
-  const double dt = now_ms() - t3;
-  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs,
-         "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  check_destroy(name, x.d);
   done();
   // A dead peer can make MPI_Finalize wait forever: survivors leave without it.
   std::fflush(stdout);
@@ -270,16 +279,9 @@ int run_gather_fault(Fault fault, const char* name) {
     char b[160];
     std::snprintf(b, sizeof b, "wait after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
     result(name, ok, b + status_text(s) + (ok ? "" : ": " + msg));
-    const double t2 = now_ms();
-    s = ddp_wait_params(x.d, -1, nullptr);
-    result(std::string(name) + "-aborted", s == DDP_ERR_ABORTED && now_ms() - t2 < 100,
-           "next call -> " + status_text(s));
+    check_aborted(name, [&] { return ddp_wait_params(x.d, -1, nullptr); });
   }
-  const double t3 = now_ms();
-  ddp_destroy(x.d);
-  const double dt = now_ms() - t3;
-  result(std::string(name) + "-destroy", dt <= g_timeout_ms + kMarginMs,
-         "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  check_destroy(name, x.d);
   done();
   std::fflush(stdout);
   _exit(0);  // a dead or late peer can make MPI_Finalize wait
