@@ -159,7 +159,8 @@ void check_destroy(const std::string& name, ddp_t d) {
   const double t = now_ms();
   ddp_destroy(d);
   const double dt = now_ms() - t;
-  result(name + "-destroy", dt <= g_timeout_ms + kMarginMs, "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
+  result(name + "-destroy", dt <= g_timeout_ms + kMarginMs,
+         "ddp_destroy took " + std::to_string(static_cast<int>(dt)) + " ms");
 }
 
 ddp_config_t shard_config() {
