@@ -27,7 +27,7 @@ scenarios=(
   "inspect-slow  3 3 $((2 * T / 1000 + 25)) "
   "inspect-slow  4 4 $((2 * T / 1000 + 25)) "
   "shard-kill   3 2 $((T / 1000 + 20)) --enable-recovery"
-  "shard-stall  3 3 $((2 * T / 1000 + 25)) "
+  "shard-stall  3 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "gather-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
   "gather-stall 4 3 $((2 * T / 1000 + 25)) --enable-recovery"
 )
