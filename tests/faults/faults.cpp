@@ -230,13 +230,11 @@ int run_fault(Fault fault, const char* name, bool shard = false) {
   }
   check_destroy(name, x.d);
   done();
-  // A dead peer can make MPI_Finalize wait forever: survivors leave without it. Sharded, the late rank's
-  // worker can still be inside a ring exchange whose partner gave up (every bucket uses the ring), and
-  // MPI_Finalize under a thread in MPI is undefined: no rank finalizes.
+  // A dead peer can make MPI_Finalize wait forever, and the late rank's written-off worker can still be
+  // inside a collective whose partners gave up (MPI_Finalize under a thread in MPI is undefined): no
+  // rank finalizes.
   std::fflush(stdout);
-  if (fault != Fault::Stall || shard) _exit(0);
-  MPI_Barrier(MPI_COMM_WORLD);
-  return 0;
+  _exit(0);
 }
 
 // ---------------------------------------------------------------------------------------------

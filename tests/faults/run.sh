@@ -11,7 +11,7 @@ pass=0; fail=0
 scenarios=(
   "die-exit  3 2 $((T / 1000 + 20)) --enable-recovery"
   "die-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
-  "stall     3 3 $((2 * T / 1000 + 25)) "
+  "stall     3 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "mismatch  3 3 60 "
   "unused    3 3 60 "
   "nonfinite 2 2 60 "
