@@ -149,6 +149,28 @@ typedef struct ddp_nccl_id {
  * otherwise). Collective over the MPI communicator. DDP_ERR_UNSUPPORTED in a build without MPI. */
 DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
 
+/* Host-memory communicator over Gloo (TCP), needing no MPI: processes started by any launcher
+ * (torchrun, a job scheduler, a shell loop) meet through a rendezvous named by `init_method`:
+ *   "env://" or NULL   MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, as torchrun sets them. Rank 0
+ *                      listens on MASTER_ADDR's port DDP_STORE_PORT if set, else MASTER_PORT + 1
+ *                      (MASTER_PORT itself is torchrun's or torch.distributed's own store).
+ *   "tcp://HOST:PORT"  rank 0 listens on PORT; the others connect to HOST:PORT.
+ *   "file:///DIR"      an empty directory that every rank sees (a shared file system); libddp
+ *                      removes its files once every rank has read them.
+ * `rank` and `size` of -1 are read from RANK and WORLD_SIZE. The ranks then connect to each other
+ * directly (a full mesh of TCP connections, on the interface that reaches rank 0, or the one named
+ * by GLOO_SOCKET_IFNAME). Collective over the `size` ranks; bounded by DDP_INIT_TIMEOUT_MS (default
+ * 300000 ms; DDP_ERR_TIMEOUT naming the ranks that never arrived). The same timeout, stall-inspector
+ * and fault semantics as MPI: a collective whose peer stalls returns DDP_ERR_TIMEOUT at the
+ * context's timeout_ms; one whose peer died returns DDP_ERR_TIMEOUT at once, naming it. Calling it
+ * again with the same arguments makes another communicator over the same rendezvous.
+ * DDP_ERR_INVALID_ARGUMENT for a malformed method or a missing variable; DDP_ERR_UNSUPPORTED in a
+ * build without Gloo. */
+DDP_API ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int size, ddp_comm_t* comm);
+/* As ddp_comm_init_gloo, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
+DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int size, int64_t timeout_ms,
+                                                ddp_comm_t* comm);
+
 /* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process
  * runs, tests and fuzzing. */
 DDP_API ddp_status_t ddp_comm_init_self(ddp_comm_t* comm);
@@ -181,6 +203,15 @@ DDP_API ddp_status_t ddp_comm_init_nccl_mpi(const void* mpi_comm, int cuda_devic
 /* As ddp_comm_init_nccl_mpi, with the bound given (the id's broadcast included). */
 DDP_API ddp_status_t ddp_comm_init_nccl_mpi_timeout(const void* mpi_comm, int cuda_device, int64_t timeout_ms,
                                                     ddp_comm_t* comm);
+/* As ddp_comm_init_nccl, needing no MPI: the ranks meet as in ddp_comm_init_gloo (same `init_method`,
+ * `rank` and `size`), the id made on rank 0 is sent over a Gloo communicator, which stays with the
+ * NCCL one for the stall inspector. Bounded by DDP_INIT_TIMEOUT_MS. DDP_ERR_UNSUPPORTED in a build
+ * without CUDA or without Gloo. */
+DDP_API ddp_status_t ddp_comm_init_nccl_store(const char* init_method, int rank, int size, int cuda_device,
+                                              ddp_comm_t* comm);
+/* As ddp_comm_init_nccl_store, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
+DDP_API ddp_status_t ddp_comm_init_nccl_store_timeout(const char* init_method, int rank, int size, int cuda_device,
+                                                      int64_t timeout_ms, ddp_comm_t* comm);
 /* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
  * destroys it; it must outlive every context made over the returned comm. */
 DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);

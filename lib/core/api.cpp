@@ -177,7 +177,52 @@ void init_nccl_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms, dd
   check_init_timeout(timeout_ms);
   *out = wrap(make_nccl_comm_mpi(mpi_comm, cuda_device, timeout_ms));
 }
+void check_world(int rank, int size) {
+  if (size == 0 || size < -1)
+    fail(DDP_ERR_INVALID_ARGUMENT, "size is %d: give the number of ranks, or -1 for WORLD_SIZE", size);
+  if (rank < -1) fail(DDP_ERR_INVALID_ARGUMENT, "rank is %d: give 0..size-1, or -1 for RANK", rank);
+  if (size > 0 && rank >= size) fail(DDP_ERR_INVALID_ARGUMENT, "rank %d out of range 0..%d", rank, size - 1);
+}
+
+void init_gloo(const char* init_method, int rank, int size, int64_t timeout_ms, ddp_comm_t* out) {
+  need(out, "comm");
+  check_world(rank, size);
+  check_init_timeout(timeout_ms);
+  *out = wrap(make_gloo_comm(init_method, rank, size, timeout_ms));
+}
+
+void init_nccl_store(const char* init_method, int rank, int size, int cuda_device, int64_t timeout_ms,
+                     ddp_comm_t* out) {
+  need(out, "comm");
+  check_world(rank, size);
+  if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
+  check_init_timeout(timeout_ms);
+  if (!have_gloo())
+    fail(DDP_ERR_UNSUPPORTED,
+         "ddp_comm_init_nccl_store sends the NCCL id over Gloo, and this libddp was built "
+         "without Gloo (install libgloo-dev and rebuild)");
+  *out = wrap(make_nccl_comm_host(make_gloo_comm(init_method, rank, size, timeout_ms), cuda_device, timeout_ms));
+}
 }  // namespace
+
+ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int size, ddp_comm_t* out) {
+  return guard(__func__, [&] { init_gloo(init_method, rank, size, default_init_timeout_ms(), out); });
+}
+
+ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int size, int64_t timeout_ms,
+                                        ddp_comm_t* out) {
+  return guard(__func__, [&] { init_gloo(init_method, rank, size, timeout_ms, out); });
+}
+
+ddp_status_t ddp_comm_init_nccl_store(const char* init_method, int rank, int size, int cuda_device, ddp_comm_t* out) {
+  return guard(__func__,
+               [&] { init_nccl_store(init_method, rank, size, cuda_device, default_init_timeout_ms(), out); });
+}
+
+ddp_status_t ddp_comm_init_nccl_store_timeout(const char* init_method, int rank, int size, int cuda_device,
+                                              int64_t timeout_ms, ddp_comm_t* out) {
+  return guard(__func__, [&] { init_nccl_store(init_method, rank, size, cuda_device, timeout_ms, out); });
+}
 
 ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device, ddp_comm_t* out) {
   return guard(__func__, [&] { init_nccl(id, nranks, rank, cuda_device, default_init_timeout_ms(), out); });

@@ -13,6 +13,13 @@ namespace ddp {
 // `mpi_comm` is an MPI_Comm* or nullptr for MPI_COMM_WORLD. Initializes MPI if needed.
 std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm);
 
+// --- Gloo (lib/backends/gloo): host memory over TCP, ranks met through a rendezvous store ---
+// `init_method`: "env://" (or NULL), "tcp://HOST:PORT" or "file:///DIR"; `rank`/`size` < 0 are read from
+// RANK and WORLD_SIZE. Creation, duplicates and probers give up after `timeout_ms` (0: never).
+std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size, int64_t timeout_ms);
+// Whether this build has Gloo (the stub says no).
+bool have_gloo();
+
 // --- in-process ranks (lib/backends/local): N threads of one process, host memory ---
 class LocalGroup;  // shared by the ranks; holds one channel per duplicate
 std::shared_ptr<LocalGroup> make_local_group(int nranks);
@@ -28,6 +35,9 @@ std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int ra
 // The id made on rank 0 of the MPI communicator (MPI_Comm*, nullptr for world) and broadcast over it;
 // the MPI communicator stays with the NCCL one, for the stall inspector.
 std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms);
+// The id made on rank 0 of `host` (any host communicator: Gloo, MPI) and broadcast over it; `host`
+// stays with the NCCL communicator, for the stall inspector.
+std::unique_ptr<Comm> make_nccl_comm_host(std::unique_ptr<Comm> host, int cuda_device, int64_t timeout_ms);
 // Borrows a ncclComm_t; never destroys it.
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm);
 

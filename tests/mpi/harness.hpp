@@ -98,6 +98,9 @@ inline bool expect_status(ddp_status_t got, ddp_status_t want, const char* needl
   return true;
 }
 
+// Whether the communicator under test is Gloo's (DDP_TEST_GLOO).
+bool g_gloo = false;
+
 // Destroys a context when a test returns early.
 struct Closer {
   ddp_t d;
@@ -121,7 +124,16 @@ inline const char* start(int* argc, char*** argv, const char* mpi_label, const c
   const ddp_status_t st = ddp_comm_init_nccl_mpi(&world, device, &g_comm);
 #else
   const char* label = mpi_label;
-  const ddp_status_t st = ddp_comm_init_mpi(&world, &g_comm);
+  ddp_status_t st;
+  // DDP_TEST_GLOO=tcp://HOST:PORT runs the same cases over Gloo (MPI then only starts the ranks and
+  // checks the results).
+  if (const char* gloo = std::getenv("DDP_TEST_GLOO")) {
+    g_gloo = true;
+    label = "gloo";
+    st = ddp_comm_init_gloo(gloo, g_rank, g_world, &g_comm);
+  } else {
+    st = ddp_comm_init_mpi(&world, &g_comm);
+  }
 #endif
   if (st != DDP_SUCCESS) {
     std::fprintf(stderr, "making the communicator: %s\n", ddp_last_error());

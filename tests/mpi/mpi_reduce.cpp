@@ -416,7 +416,8 @@ void test_broadcast() {
 
 // The last rank starts its backward pass a whole timeout late. Every other rank's DDP_ERR_TIMEOUT
 // names it as behind and says where each rank is: on NCCL through the MPI communicator that
-// ddp_comm_init_nccl_mpi keeps. Run last: the late rank's collective is left to match the others'.
+// ddp_comm_init_nccl_mpi keeps, on Gloo through its own inspector's sockets. Run last: the late rank's collective is
+// left to match the others'.
 void test_stall_inspection() {
   if (g_world == 1) return;
   const int64_t timeout_ms = 1500;
@@ -466,6 +467,6 @@ int main(int argc, char** argv) {
     test_unused_error_policy();
     test_broadcast();
   }
-  if (DDP_TEST_NCCL) test_stall_inspection();
+  if (DDP_TEST_NCCL || g_gloo) test_stall_inspection();
   return finish(label, seed);
 }

@@ -463,21 +463,25 @@ std::unique_ptr<Comm> make_nccl_comm(const ddp_nccl_id_t* id, int nranks, int ra
   return make_nccl_comm_over(id, nranks, rank, cuda_device, timeout_ms, nullptr);
 }
 
-std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms) {
+std::unique_ptr<Comm> make_nccl_comm_host(std::unique_ptr<Comm> host, int cuda_device, int64_t timeout_ms) {
   require_cuda_device(cuda_device);
-  std::unique_ptr<Comm> mpi = make_mpi_comm(mpi_comm);
   ddp_nccl_id_t id;
   std::memset(&id, 0, sizeof id);
-  if (mpi->rank() == 0) nccl_get_unique_id(&id);
+  if (host->rank() == 0) nccl_get_unique_id(&id);
   const auto t0 = std::chrono::steady_clock::now();
-  mpi->broadcast_host(&id, sizeof id, 0, Deadline::after_ms(timeout_ms));
+  host->broadcast_host(&id, sizeof id, 0, Deadline::after_ms(timeout_ms));
   int64_t left = timeout_ms;
   if (timeout_ms > 0) {
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
     left = std::max<int64_t>(1, timeout_ms - spent.count());
   }
-  const int nranks = mpi->size(), rank = mpi->rank();
-  return make_nccl_comm_over(&id, nranks, rank, cuda_device, left, std::move(mpi));
+  const int nranks = host->size(), rank = host->rank();
+  return make_nccl_comm_over(&id, nranks, rank, cuda_device, left, std::move(host));
+}
+
+std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms) {
+  require_cuda_device(cuda_device);
+  return make_nccl_comm_host(make_mpi_comm(mpi_comm), cuda_device, timeout_ms);
 }
 
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm) {

@@ -3,12 +3,10 @@
 // deadline (it writes the worker off if a peer never arrives); everywhere else a collective is issued
 // nonblocking and polled against its deadline.
 //
-// Allreduces of host pieces are a ring of point-to-point messages of our own (reduce-scatter, then
-// allgather) rather than MPI_Allreduce: the pass that adds the last rank's contribution to a chunk
-// also applies the averaging factor, so averaging costs no pass of its own (a separate pass over a
-// piece measured 25-55% of the allreduce's time on this engine), and every rank receives the same
-// bits (each chunk is finished by one rank and copied to the others). Small ones stay MPI_Allreduce,
-// whose algorithms suit latency-bound sizes better.
+// Allreduces of host pieces are libddp's ring (backends/host/ring.hpp) over MPI point-to-point
+// messages rather than MPI_Allreduce: averaging is folded into the last addition (a separate pass
+// over a piece measured 25-55% of the allreduce's time on this engine) and every rank receives the
+// same bits. Small ones stay MPI_Allreduce, whose algorithms suit latency-bound sizes better.
 #include "core/comms.hpp"
 
 #include <mpi.h>
@@ -24,6 +22,7 @@
 #include <vector>
 
 #include "backends/host/host_device.hpp"
+#include "backends/host/ring.hpp"
 
 namespace ddp {
 
@@ -103,107 +102,39 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
 
 // Counts larger than an int are sent in pieces.
 constexpr size_t kMaxChunk = size_t(1) << 30;
-// The ring: from this many bytes on (below, MPI_Allreduce and a scaling pass), and at most this many
-// at a time (its receive buffer is one rank's share of that).
+// The ring (backends/host/ring.hpp): from this many bytes on (below, MPI_Allreduce and a scaling pass).
 constexpr size_t kRingMinBytes = size_t(64) << 10;
-constexpr size_t kRingMaxBytes = size_t(64) << 20;
 constexpr int kRingTag = 0x7ddb;
 
-// What the ring needs, shared with the call that runs it: a worker written off inside the ring keeps
-// using it after the communicator is gone.
-struct RingState {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 1;
-  std::vector<char> scratch;  // one chunk received from the left neighbour
-  std::atomic<size_t> bytes{0};
-};
-
-void ensure_scratch(RingState& r, size_t bytes) {
-  if (r.scratch.size() < bytes) {
-    r.scratch.resize(bytes);
-    r.bytes.store(r.scratch.size());
-  }
-}
-
-// Sends `sn` elements to the right neighbour while receiving `rn` from the left one.
-void ring_exchange(const RingState& r, const void* out, size_t sn, void* in, size_t rn, MPI_Datatype t, bool worker,
-                   Deadline dl) {
-  const int right = (r.rank + 1) % r.size, left = (r.rank + r.size - 1) % r.size;
-  if (worker) {
-    DDP_MPI_CHECK(MPI_Sendrecv(out, static_cast<int>(sn), t, right, kRingTag, in, static_cast<int>(rn), t, left,
-                               kRingTag, r.comm, MPI_STATUS_IGNORE));
-    return;
-  }
-  MPI_Request req[2];
-  DDP_MPI_CHECK(MPI_Irecv(in, static_cast<int>(rn), t, left, kRingTag, r.comm, &req[0]));
-  DDP_MPI_CHECK(MPI_Isend(out, static_cast<int>(sn), t, right, kRingTag, r.comm, &req[1]));
-  wait_request(&req[0], dl, "MPI ring allreduce (receive)");
-  wait_request(&req[1], dl, "MPI ring allreduce (send)");
-}
-
-// recv = factor * (the sum over ranks of send), n elements, n >= size. Chunk c is [lo(c), lo(c+1)).
-// Reduce-scatter: at step s a rank passes chunk (rank - s) to the right and adds the one it receives,
-// chunk (rank - s - 1), into recv; at the last step that chunk (rank + 1) holds every contribution
-// and the same pass scales it. Allgather: the finished chunks travel once around the ring.
-void ring_allreduce(RingState& r, const void* send, void* recv, size_t n, Dtype d, double factor, bool worker,
-                    Deadline dl) {
-  const MPI_Datatype t = mpi_type(d);
-  const size_t es = dtype_size(d);
-  const int w = r.size;
-  auto lo = [&](int c) { return n * static_cast<size_t>(c) / static_cast<size_t>(w); };
-  auto at = [&](const void* base, int c) { return static_cast<const char*>(base) + lo(c) * es; };
-  auto len = [&](int c) { return lo(c + 1) - lo(c); };
-  auto chunk = [&](int k) { return ((k % w) + w) % w; };
-  const size_t most = (n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w) * es;
-  ensure_scratch(r, most);
-  for (int s = 0; s < w - 1; ++s) {
-    const int out = chunk(r.rank - s), in = chunk(r.rank - s - 1);
-    ring_exchange(r, s == 0 ? at(send, out) : at(recv, out), len(out), r.scratch.data(), len(in), t, worker, dl);
-    char* mine = const_cast<char*>(at(recv, in));
-    host::sum_scaled(at(send, in), r.scratch.data(), mine, len(in), d, s == w - 2 ? factor : 1.0);
-  }
-  for (int s = 0; s < w - 1; ++s) {
-    const int out = chunk(r.rank + 1 - s), in = chunk(r.rank - s);
-    ring_exchange(r, at(recv, out), len(out), const_cast<char*>(at(recv, in)), len(in), t, worker, dl);
-  }
-}
-
-// Reduce-scatter in place over `w` chunks of m elements (chunk c at buf + c * m), in pieces of each
-// chunk: at step s a rank passes its partial sum of chunk (rank - s - 1) to the right and adds the
-// one it receives, chunk (rank - s - 2), into buf; at the last step that is its own chunk, which then
-// holds every contribution, and the same pass scales it.
-void ring_reduce_scatter(RingState& r, char* buf, size_t m, Dtype d, double factor, size_t piece_bytes, bool worker,
-                         Deadline dl) {
-  const MPI_Datatype t = mpi_type(d);
-  const size_t es = dtype_size(d);
-  const int w = r.size;
-  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
-  // Pieces of the host piece size in all (as the allreduce's): the sum reads what just arrived while
-  // it is still in cache.
-  const size_t piece = std::max<size_t>(1, std::min(m, piece_bytes / es / static_cast<size_t>(w)));
-  ensure_scratch(r, piece * es);
-  for (size_t lo = 0; lo < m; lo += piece) {
-    const size_t n = std::min(piece, m - lo);
-    auto at = [&](size_t c) { return buf + (c * m + lo) * es; };
-    for (int s = 0; s < w - 1; ++s) {
-      char* in = at(chunk(r.rank - s - 2));
-      ring_exchange(r, at(chunk(r.rank - s - 1)), n, r.scratch.data(), n, t, worker, dl);
-      host::sum_scaled(in, r.scratch.data(), in, n, d, s == w - 2 ? factor : 1.0);
+// The ring's neighbours over MPI. On a stream worker, one blocking MPI_Sendrecv (the thread that
+// drains the stream keeps the deadline); elsewhere nonblocking, polled against the deadline.
+class MpiRingLink final : public host::RingLink {
+ public:
+  MpiRingLink(MPI_Comm c, int rank, int size, bool worker, Deadline dl)
+      : comm_(c), rank_(rank), size_(size), worker_(worker), dl_(dl) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool worker() const { return worker_; }
+  void exchange(const void* out, size_t sn, void* in, size_t rn) override {
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    if (worker_) {
+      DDP_MPI_CHECK(MPI_Sendrecv(out, static_cast<int>(sn), MPI_BYTE, right, kRingTag, in, static_cast<int>(rn),
+                                 MPI_BYTE, left, kRingTag, comm_, MPI_STATUS_IGNORE));
+      return;
     }
+    MPI_Request req[2];
+    DDP_MPI_CHECK(MPI_Irecv(in, static_cast<int>(rn), MPI_BYTE, left, kRingTag, comm_, &req[0]));
+    DDP_MPI_CHECK(MPI_Isend(out, static_cast<int>(sn), MPI_BYTE, right, kRingTag, comm_, &req[1]));
+    wait_request(&req[0], dl_, "MPI ring allreduce (receive)");
+    wait_request(&req[1], dl_, "MPI ring allreduce (send)");
   }
-}
 
-// All-gather in place over `w` chunks of `bytes`: each rank's own chunk travels once around the ring.
-void ring_allgather(const RingState& r, char* buf, size_t bytes, bool worker, Deadline dl) {
-  const int w = r.size;
-  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
-  for (size_t lo = 0; lo < bytes; lo += kRingMaxBytes) {
-    const size_t n = std::min(kRingMaxBytes, bytes - lo);
-    for (int s = 0; s < w - 1; ++s)
-      ring_exchange(r, buf + chunk(r.rank - s) * bytes + lo, n, buf + chunk(r.rank - s - 1) * bytes + lo, n, MPI_BYTE,
-                    worker, dl);
-  }
-}
+ private:
+  MPI_Comm comm_;
+  int rank_, size_;
+  bool worker_;
+  Deadline dl_;
+};
 
 // The stall inspector's exchange (see Prober): a communicator of its own; a thread that answers
 // queries, polling MPI_Iprobe every 2 ms (no blocking MPI wait can be stopped); and asks that post
@@ -329,13 +260,10 @@ class MpiProber final : public Prober {
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm c) : comm_(c), ring_(std::make_shared<RingState>()) {
+  explicit MpiComm(MPI_Comm c) : comm_(c), ring_(std::make_shared<host::RingBuffer>()) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    ring_->comm = comm_;
-    ring_->rank = rank_;
-    ring_->size = size_;
   }
   ~MpiComm() override {
     int finalized = 0;
@@ -374,27 +302,23 @@ class MpiComm final : public Comm {
       return;
     }
     // The whole call is one blocking call: a worker written off inside it parks when it returns.
-    std::shared_ptr<RingState> ring = ring_;
-    host::BlockingCall call;
-    const size_t step = n * es >= kRingMinBytes ? kRingMaxBytes / es : kMaxChunk;
-    try {
-      for (size_t done = 0; done < n;) {
-        const size_t k = std::min(step, n - done);
-        void* to = static_cast<char*>(recv) + done * es;
-        const void* from = static_cast<const char*>(send) + done * es;
-        if (k * es >= kRingMinBytes) {
-          ring_allreduce(*ring, from, to, k, d, factor, call.on_worker(), dl);
-        } else {
-          mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, call.on_worker(), dl);
-          if (factor != 1.0) host::convert(to, d, to, d, k, factor);
-        }
-        done += k;
-      }
-    } catch (const Error& e) {
-      // A message left posted may still land in the receive buffer.
-      if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(ring);
-      throw;
-    }
+    const size_t step = n * es >= kRingMinBytes ? host::kRingMaxBytes / es : kMaxChunk;
+    run_ring(
+        [&](host::RingBuffer& ring, MpiRingLink& link) {
+          for (size_t done = 0; done < n;) {
+            const size_t k = std::min(step, n - done);
+            void* to = static_cast<char*>(recv) + done * es;
+            const void* from = static_cast<const char*>(send) + done * es;
+            if (k * es >= kRingMinBytes) {
+              host::ring_allreduce(link, ring, from, to, k, d, factor);
+            } else {
+              mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, link.worker(), dl);
+              if (factor != 1.0) host::convert(to, d, to, d, k, factor);
+            }
+            done += k;
+          }
+        },
+        dl);
   }
 
   // Always the ring (libddp's own, as for large allreduces), on the bucket worker.
@@ -406,13 +330,15 @@ class MpiComm final : public Comm {
       host::convert(p, d, p, d, m, factor);
       return;
     }
-    run_ring(
-        [&](RingState& ring, bool worker) { ring_reduce_scatter(ring, p, m, d, factor, piece_bytes_, worker, dl); });
+    run_ring([&](host::RingBuffer& ring,
+                 MpiRingLink& link) { host::ring_reduce_scatter(link, ring, p, m, d, factor, piece_bytes_); },
+             dl);
   }
 
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
     if (size_ == 1) return;
-    run_ring([&](RingState& ring, bool worker) { ring_allgather(ring, static_cast<char*>(buf), bytes, worker, dl); });
+    run_ring([&](host::RingBuffer&, MpiRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); },
+             dl);
   }
 
   // ddp_broadcast: the caller's buffers, in place.
@@ -460,11 +386,12 @@ class MpiComm final : public Comm {
   // One blocking call over the ring: a worker written off inside it parks when it returns, and a
   // message left posted may still land in the ring's buffer, which is then kept.
   template <class F>
-  void run_ring(F&& f) {
-    std::shared_ptr<RingState> ring = ring_;
+  void run_ring(F&& f, Deadline dl) {
+    std::shared_ptr<host::RingBuffer> ring = ring_;
     host::BlockingCall call;
+    MpiRingLink link(comm_, rank_, size_, call.on_worker(), dl);
     try {
-      f(*ring, call.on_worker());
+      f(*ring, link);
     } catch (const Error& e) {
       if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(ring);
       throw;
@@ -506,7 +433,7 @@ class MpiComm final : public Comm {
   }
 
   MPI_Comm comm_;
-  std::shared_ptr<RingState> ring_;
+  std::shared_ptr<host::RingBuffer> ring_;
   size_t piece_bytes_ = host::piece_bytes();
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;

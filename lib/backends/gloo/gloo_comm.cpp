@@ -1,0 +1,349 @@
+// The Gloo communicator: host memory over TCP, needing no MPI and no launcher but an environment
+// (torchrun's) or a shared directory. Ranks meet through the rendezvous store (backends/host/
+// store.hpp); each communicator and each of its duplicates is a Gloo context of its own, a full mesh
+// of TCP pairs. Allreduce, reduce-scatter and all-gather are libddp's host ring over Gloo's
+// point-to-point buffers (the same sums, in the same order, as over MPI); the control path and
+// ddp_broadcast use Gloo's own algorithms. Every wait is bounded by the call's deadline; a peer whose
+// connection closes (its process died) fails the waits on it at once, naming the rank. A Gloo
+// context that failed cannot be used again: the context is aborted, as after an MPI timeout.
+#include "core/comms.hpp"
+
+#include <gloo/allgather.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "backends/host/host_device.hpp"
+#include "backends/host/host_kernels.hpp"
+#include "backends/host/probe.hpp"
+#include "backends/host/ring.hpp"
+#include "backends/host/store.hpp"
+#include "backends/host/tcp.hpp"
+
+namespace ddp {
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+// "Forever" for Gloo, whose waits always take a bound: 30 days.
+constexpr int64_t kForeverMs = int64_t(30) * 24 * 3600 * 1000;
+// Messages of the ring; Gloo's own algorithms use slots with a prefix byte of 1..8.
+constexpr uint64_t kRingSlot = uint64_t(0x7d) << 56;
+// Below this many bytes an allreduce is an all-gather and a sum in rank order (latency-bound sizes).
+constexpr size_t kRingMinBytes = size_t(64) << 10;
+
+Ms left(Deadline dl) { return Ms(tcp::ms_left(dl, kForeverMs)); }
+
+// The ranks' meeting place and the TCP device their contexts share.
+struct GlooWorld {
+  std::string method;
+  Rendezvous rv;
+  std::shared_ptr<gloo::transport::Device> device;
+  int64_t init_timeout_ms = 0;  // the creation's bound, also that of duplicates and probers
+  std::atomic<int> comms{0};    // communicators made over it so far (the same count on every rank)
+};
+
+// Gloo's store interface over ours: keys under a prefix, waits bounded by the creation's deadline;
+// remembers the keys this rank set, to erase them once every rank has read them.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(ddp::Store& s, std::string prefix, Deadline dl) : s_(s), prefix_(std::move(prefix)), dl_(dl) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set(prefix_ + key, data, dl_);
+    mine_.push_back(prefix_ + key);
+  }
+  std::vector<char> get(const std::string& key) override { return s_.get(prefix_ + key, dl_, who(key)); }
+  void wait(const std::vector<std::string>& keys) override {
+    for (const std::string& k : keys) s_.get(prefix_ + k, dl_, who(k));
+  }
+  void wait(const std::vector<std::string>& keys, const Ms&) override { wait(keys); }
+  void erase_mine() {
+    for (const std::string& k : mine_) s_.erase(k);
+  }
+
+ private:
+  // Gloo's keys end in the rank that sets them.
+  static std::string who(const std::string& key) {
+    const size_t i = key.find_last_not_of("0123456789");
+    return i + 1 < key.size() ? "rank " + key.substr(i + 1) : "a rank";
+  }
+  ddp::Store& s_;
+  std::string prefix_;
+  Deadline dl_;
+  std::vector<std::string> mine_;
+};
+
+// Runs a Gloo call, turning its exceptions into ours: every failure of a peer is fatal to the
+// context, reported as a timeout naming what was waited for.
+template <class F>
+void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(DDP_ERR_TIMEOUT,
+         "rank %d of %d: Gloo %s failed (a rank died, stalled past the timeout or issued a "
+         "different collective): %s",
+         w.rv.rank, w.rv.size, what.c_str(), e.what());
+  }
+}
+
+std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& key, Deadline dl) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(w.rv.rank, w.rv.size);
+  ctx->setTimeout(left(dl));
+  StoreAdapter adapter(*w.rv.store, key + "/", dl);
+  gloo_call(w, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
+    ctx->connectFullMesh(adapter, w.device);
+    gloo::BarrierOptions b(ctx);
+    b.setTimeout(left(dl));
+    gloo::barrier(b);
+  });
+  adapter.erase_mine();  // after the barrier every rank has read them
+  return ctx;
+}
+
+// The ring's neighbours over Gloo's unbound buffers, one per distinct (pointer, size) and kept: a
+// bucket's pieces are the same in every iteration, so steady state allocates nothing.
+class GlooRingLink final : public host::RingLink {
+ public:
+  GlooRingLink(const GlooWorld& w, gloo::Context& ctx) : w_(w), ctx_(ctx) {}
+  int rank() const override { return ctx_.rank; }
+  int size() const override { return ctx_.size; }
+  void start(Deadline dl) { dl_ = dl; }
+  void exchange(const void* out, size_t sn, void* in, size_t rn) override {
+    const int right = (rank() + 1) % size(), left_rank = (rank() + size() - 1) % size();
+    gloo::transport::UnboundBuffer* o = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
+    gloo::transport::UnboundBuffer* i = rn ? buffer(in, rn) : nullptr;
+    if (i) i->recv(left_rank, kRingSlot);
+    if (o) o->send(right, kRingSlot);
+    if (i) wait(left_rank, "receive from", [&] { return i->waitRecv(left(dl_)); });
+    if (o) wait(right, "send to", [&] { return o->waitSend(left(dl_)); });
+  }
+
+ private:
+  template <class F>
+  void wait(int peer, const char* dir, F&& f) {
+    bool ok = false;
+    gloo_call(w_, format("ring exchange (%s rank %d)", dir, peer), [&] { ok = f(); });
+    if (!ok) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring exchange was aborted", rank());
+  }
+  gloo::transport::UnboundBuffer* buffer(void* p, size_t n) {
+    auto& b = cache_[{p, n}];
+    if (!b) {
+      if (cache_.size() > 1024) {  // pointers that move every iteration (copy layout): start over
+        cache_.clear();
+        return buffer(p, n);
+      }
+      b = ctx_.createUnboundBuffer(p, n);
+    }
+    return b.get();
+  }
+  const GlooWorld& w_;
+  gloo::Context& ctx_;
+  Deadline dl_;
+  std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::transport::UnboundBuffer>> cache_;
+};
+
+}  // namespace
+
+class GlooComm final : public Comm {
+ public:
+  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl)
+      : world_(std::move(w)),
+        key_(std::move(key)),
+        ctx_(connect_context(*world_, key_, dl)),
+        ring_(std::make_shared<host::RingBuffer>()),
+        link_(std::make_shared<GlooRingLink>(*world_, *ctx_)) {}
+  ~GlooComm() override {
+    if (aborted_) {  // a written-off worker may still be inside the context: it stays until exit
+      host::keep_until_exit(ctx_);
+      host::keep_until_exit(world_);
+      host::keep_until_exit(link_);
+    }
+  }
+
+  int rank() const override { return world_->rv.rank; }
+  int size() const override { return world_->rv.size; }
+  Memory memory() const override { return Memory::Host; }
+  std::unique_ptr<Comm> dup() override {
+    return std::unique_ptr<Comm>(new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline()));
+  }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
+  std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
+    const Deadline dl = init_deadline();
+    return make_socket_prober(*world_->rv.store, key_ + ".probe" + std::to_string(++dups_), rank(), size(),
+                              world_->rv.host, std::move(mine), dl, [&] { barrier(dl); });
+  }
+  bool supports_wire(Dtype d) const override { return !is_16bit(d); }
+  bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
+  size_t buffer_bytes() const override { return ring_->bytes.load(); }
+  size_t piece_elems(Dtype d, size_t bytes) const override {
+    return std::max<size_t>(1, std::min(host::kRingMaxBytes, bytes ? bytes : piece_bytes_) / dtype_size(d));
+  }
+
+  void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    const double factor = sum_factor(red);
+    const size_t es = dtype_size(d);
+    if (size() == 1) return host::convert(send, d, recv, d, n, factor);
+    run_ring(dl, [&](GlooRingLink& link) {
+      for (size_t done = 0; done < n;) {
+        const size_t k = std::min(host::kRingMaxBytes / es, n - done);
+        const char* from = static_cast<const char*>(send) + done * es;
+        char* to = static_cast<char*>(recv) + done * es;
+        if (k * es >= kRingMinBytes && k >= static_cast<size_t>(size()))
+          host::ring_allreduce(link, *ring_, from, to, k, d, factor);
+        else
+          small_allreduce(link, from, to, k, d, factor);
+        done += k;
+      }
+    });
+  }
+  void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
+    const double factor = sum_factor(red);
+    char* p = static_cast<char*>(buf);
+    if (size() == 1) return host::convert(p, d, p, d, m, factor);
+    run_ring(dl, [&](GlooRingLink& link) { host::ring_reduce_scatter(link, *ring_, p, m, d, factor, piece_bytes_); });
+  }
+  void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
+    if (size() == 1) return;
+    run_ring(dl, [&](GlooRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); });
+  }
+
+  void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
+    broadcast_host(buf, bytes, root, dl);
+  }
+  void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
+    if (root < 0 || root >= size())
+      fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size() - 1);
+    if (size() == 1 || bytes == 0) return;
+    usable();
+    guarded([&] {
+      gloo_call(*world_, format("broadcast from rank %d", root), [&] {
+        gloo::BroadcastOptions o(ctx_);
+        o.setOutput(static_cast<uint8_t*>(buf), bytes);
+        o.setRoot(root);
+        o.setTimeout(left(dl));
+        gloo::broadcast(o);
+      });
+    });
+  }
+  void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
+    if (size() == 1 || bytes == 0) {
+      if (bytes) std::memcpy(out, in, bytes);
+      return;
+    }
+    usable();
+    guarded([&] {
+      gloo_call(*world_, "all-gather", [&] {
+        gloo::AllgatherOptions o(ctx_);
+        o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
+        o.setOutput(static_cast<uint8_t*>(out), bytes * static_cast<size_t>(size()));
+        o.setTimeout(left(dl));
+        gloo::allgather(o);
+      });
+    });
+  }
+  void abort() override { aborted_ = true; }
+
+ private:
+  static double sum_factor(Reduction red) {
+    if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "Gloo comm: only sums are fused");
+    return red.op == RedOp::SumScaled ? red.factor : 1.0;
+  }
+  // The creation of duplicates and probers: bounded as the communicator's creation was.
+  Deadline init_deadline() const { return Deadline::after_ms(world_->init_timeout_ms); }
+  void usable() const {
+    if (failed_) fail(DDP_ERR_ABORTED, "rank %d: this Gloo communicator failed earlier and cannot be used", rank());
+  }
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+  }
+  template <class F>
+  void run_ring(Deadline dl, F&& f) {
+    usable();
+    host::BlockingCall call;  // a written-off worker parks when the call returns
+    std::shared_ptr<GlooRingLink> link = link_;
+    link->start(dl);
+    guarded([&] { f(*link); });
+  }
+  // Every rank's piece gathered around the ring, then summed in rank order: the same bits everywhere.
+  void small_allreduce(GlooRingLink& link, const char* from, char* to, size_t k, Dtype d, double factor) {
+    const size_t bytes = k * dtype_size(d);
+    char* all = ring_->ensure(bytes * static_cast<size_t>(size()));
+    std::memcpy(all + static_cast<size_t>(rank()) * bytes, from, bytes);
+    host::ring_allgather(link, all, bytes);
+    host::convert(all, d, to, d, k, 1.0);
+    for (int r = 1; r < size(); ++r)
+      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == size() - 1 ? factor : 1.0);
+  }
+  void barrier(Deadline dl) {
+    gloo_call(*world_, "barrier", [&] {
+      gloo::BarrierOptions b(ctx_);
+      b.setTimeout(left(dl));
+      gloo::barrier(b);
+    });
+  }
+
+  std::shared_ptr<GlooWorld> world_;
+  std::string key_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::shared_ptr<host::RingBuffer> ring_;
+  std::shared_ptr<GlooRingLink> link_;
+  size_t piece_bytes_ = host::piece_bytes();
+  int dups_ = 0;
+  bool aborted_ = false, failed_ = false;
+};
+
+namespace {
+
+// The worlds in use, by init method, rank and size: a second communicator made the same way meets
+// over the same store (rank 0 cannot listen twice on one port) as the next communicator of that world.
+std::mutex g_worlds_mu;
+std::map<std::string, std::weak_ptr<GlooWorld>> g_worlds;
+
+std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl) {
+  const std::string name = format("%s|%d|%d", init_method ? init_method : "", rank, size);
+  std::lock_guard<std::mutex> lock(g_worlds_mu);
+  if (std::shared_ptr<GlooWorld> w = g_worlds[name].lock()) return w;
+  auto w = std::make_shared<GlooWorld>();
+  w->rv = open_rendezvous(init_method, rank, size, dl);
+  w->init_timeout_ms = timeout_ms;
+  gloo::transport::tcp::attr attr;
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  if (iface && *iface)
+    attr.iface = iface;
+  else
+    attr.hostname = w->rv.host;  // the interface that reaches rank 0 (empty: the host's name)
+  gloo_call(*w, "device on " + (attr.iface.empty() ? attr.hostname : attr.iface),
+            [&] { w->device = gloo::transport::tcp::CreateDevice(attr); });
+  g_worlds[name] = w;
+  return w;
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size, int64_t timeout_ms) {
+  const Deadline dl = Deadline::after_ms(timeout_ms);
+  std::shared_ptr<GlooWorld> w = open_world(init_method, rank, size, timeout_ms, dl);
+  const int n = w->comms++;
+  return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl));
+}
+
+bool have_gloo() { return true; }
+
+}  // namespace ddp

@@ -1,0 +1,23 @@
+// The stall inspector's exchange for host communicators without MPI under them (Gloo): each rank
+// answers "where are you" on a TCP port of its own, from a thread that never blocks on the
+// collectives, and an ask connects to every other rank at once, waiting at most its bound, so a dead
+// or unreachable rank is simply "no answer".
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backends/host/store.hpp"
+#include "core/backend.hpp"
+
+namespace ddp {
+
+// Collective over the `size` ranks that share `store`: each publishes its address under `key`,
+// reads the others', then calls `barrier` (after which its key is no longer needed and is erased).
+// `host` is this rank's address as the others reach it ("": the host name).
+std::unique_ptr<Prober> make_socket_prober(Store& store, const std::string& key, int rank, int size,
+                                           const std::string& host, std::function<Position()> mine, Deadline dl,
+                                           const std::function<void()>& barrier);
+
+}  // namespace ddp

@@ -1,0 +1,76 @@
+#include "backends/host/ring.hpp"
+
+#include <algorithm>
+
+#include "backends/host/host_kernels.hpp"
+
+namespace ddp {
+namespace host {
+
+char* RingBuffer::ensure(size_t n) {
+  if (scratch.size() < n) {
+    scratch.resize(n);
+    bytes.store(scratch.size());
+  }
+  return scratch.data();
+}
+
+// Chunk c is [lo(c), lo(c+1)). Reduce-scatter: at step s a rank passes chunk (rank - s) to the right
+// and adds the one it receives, chunk (rank - s - 1), into recv; at the last step that chunk
+// (rank + 1) holds every contribution and the same pass scales it. Allgather: the finished chunks
+// travel once around the ring.
+void ring_allreduce(RingLink& link, RingBuffer& rb, const void* send, void* recv, size_t n, Dtype d, double factor) {
+  const size_t es = dtype_size(d);
+  const int w = link.size(), me = link.rank();
+  auto lo = [&](int c) { return n * static_cast<size_t>(c) / static_cast<size_t>(w); };
+  auto at = [&](const void* base, int c) { return static_cast<const char*>(base) + lo(c) * es; };
+  auto len = [&](int c) { return lo(c + 1) - lo(c); };
+  auto chunk = [&](int k) { return ((k % w) + w) % w; };
+  char* scratch = rb.ensure((n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w) * es);
+  for (int s = 0; s < w - 1; ++s) {
+    const int out = chunk(me - s), in = chunk(me - s - 1);
+    link.exchange(s == 0 ? at(send, out) : at(recv, out), len(out) * es, scratch, len(in) * es);
+    char* mine = const_cast<char*>(at(recv, in));
+    host::sum_scaled(at(send, in), scratch, mine, len(in), d, s == w - 2 ? factor : 1.0);
+  }
+  for (int s = 0; s < w - 1; ++s) {
+    const int out = chunk(me + 1 - s), in = chunk(me - s);
+    link.exchange(at(recv, out), len(out) * es, const_cast<char*>(at(recv, in)), len(in) * es);
+  }
+}
+
+// In pieces of each chunk: at step s a rank passes its partial sum of chunk (rank - s - 1) to the
+// right and adds the one it receives, chunk (rank - s - 2), into buf; at the last step that is its
+// own chunk, which then holds every contribution, and the same pass scales it.
+void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dtype d, double factor,
+                         size_t piece_bytes) {
+  const size_t es = dtype_size(d);
+  const int w = link.size(), me = link.rank();
+  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
+  // Pieces of the host piece size in all (as the allreduce's): the sum reads what just arrived while
+  // it is still in cache.
+  const size_t piece = std::max<size_t>(1, std::min(m, piece_bytes / es / static_cast<size_t>(w)));
+  char* scratch = rb.ensure(piece * es);
+  for (size_t lo = 0; lo < m; lo += piece) {
+    const size_t n = std::min(piece, m - lo);
+    auto at = [&](size_t c) { return buf + (c * m + lo) * es; };
+    for (int s = 0; s < w - 1; ++s) {
+      char* in = at(chunk(me - s - 2));
+      link.exchange(at(chunk(me - s - 1)), n * es, scratch, n * es);
+      host::sum_scaled(in, scratch, in, n, d, s == w - 2 ? factor : 1.0);
+    }
+  }
+}
+
+void ring_allgather(RingLink& link, char* buf, size_t bytes) {
+  const int w = link.size(), me = link.rank();
+  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
+  for (size_t lo = 0; lo < bytes; lo += kRingMaxBytes) {
+    const size_t n = std::min(kRingMaxBytes, bytes - lo);
+    for (int s = 0; s < w - 1; ++s)
+      link.exchange(buf + chunk(me - s) * bytes + lo, n, buf + chunk(me - s - 1) * bytes + lo, n);
+  }
+}
+
+}  // namespace host
+}  // namespace ddp

@@ -1,0 +1,49 @@
+// The host ring: libddp's own allreduce, reduce-scatter and all-gather over any host communicator
+// that can exchange bytes with its two neighbours (MPI, Gloo). The pass that adds the last rank's
+// contribution to a chunk also applies the averaging factor, so averaging costs no pass of its own,
+// and every rank receives the same bits (each chunk is finished by one rank and copied to the others).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <vector>
+
+#include "core/common.hpp"
+
+namespace ddp {
+namespace host {
+
+// A rank's place in a ring of `size` ranks.
+class RingLink {
+ public:
+  virtual ~RingLink() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sends `out_bytes` from `out` to rank + 1 while receiving `in_bytes` into `in` from rank - 1, and
+  // returns when both are done. Throws (a timeout, a broken peer) naming the neighbour.
+  virtual void exchange(const void* out, size_t out_bytes, void* in, size_t in_bytes) = 0;
+};
+
+// The ring's receive buffer (one chunk from the left neighbour), kept by the communicator; `bytes`
+// is read by ddp_get_stats from any thread.
+struct RingBuffer {
+  std::vector<char> scratch;
+  std::atomic<size_t> bytes{0};
+  char* ensure(size_t n);
+};
+
+// At most this many bytes per allreduce call or all-gather step.
+constexpr size_t kRingMaxBytes = size_t(64) << 20;
+
+// recv = factor * (the sum over ranks of send), n elements (n >= size, n * dtype <= kRingMaxBytes).
+// `send == recv` reduces in place.
+void ring_allreduce(RingLink& link, RingBuffer& rb, const void* send, void* recv, size_t n, Dtype d, double factor);
+// In place over size() chunks of m elements (chunk c at buf + c * m): afterwards chunk rank() holds
+// factor * the sum of every rank's chunk rank(). In pieces of about `piece_bytes` per exchange.
+void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dtype d, double factor,
+                         size_t piece_bytes);
+// In place over size() chunks of `bytes`: each rank's own chunk travels once around the ring.
+void ring_allgather(RingLink& link, char* buf, size_t bytes);
+
+}  // namespace host
+}  // namespace ddp

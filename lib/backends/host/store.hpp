@@ -1,0 +1,45 @@
+// The rendezvous: how ranks that share no MPI find each other. A key-value store that every rank
+// reaches (a TCP server on rank 0, or a directory on a shared file system), and the parsing of the
+// init methods that name one: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as torchrun
+// sets them), "tcp://HOST:PORT" and "file:///PATH". Communicators made this way (Gloo, NCCL ids)
+// exchange their addresses through it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/common.hpp"
+
+namespace ddp {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<char>& value, Deadline dl) = 0;
+  // Waits until `key` is set, then returns its value. Throws DDP_ERR_TIMEOUT at the deadline,
+  // saying that `who` never set it.
+  virtual std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) = 0;
+  // Forgets a key (a file store's files would otherwise outlive the job).
+  virtual void erase(const std::string& key) {}
+};
+
+struct Rendezvous {
+  std::shared_ptr<Store> store;
+  int rank = 0, size = 1;
+  // The address of this rank as the others reach it ("": let the transport pick the host's name).
+  std::string host;
+  // What was used, for messages: "env:// (127.0.0.1:29501)".
+  std::string describe;
+};
+
+// Opens the store named by `init_method` (NULL or "" means "env://"). `rank` and `size` < 0 are read
+// from RANK and WORLD_SIZE. Rank 0 of a TCP store listens; the others connect, trying until `dl`.
+// Throws DDP_ERR_INVALID_ARGUMENT for a malformed method or a missing variable, saying how to fix it.
+Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl);
+
+// The port the TCP store of env:// listens on: DDP_STORE_PORT if set, else MASTER_PORT + 1 (MASTER_PORT
+// itself belongs to torchrun's or torch.distributed's own store in the same job).
+int env_store_port(int master_port);
+
+}  // namespace ddp

@@ -1,0 +1,196 @@
+#include "backends/host/tcp.hpp"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace ddp {
+namespace tcp {
+
+Socket::~Socket() { close(); }
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+int64_t ms_left(Deadline dl, int64_t forever) {
+  if (dl.infinite()) return forever;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(dl.at() - Deadline::Clock::now()).count();
+  return std::max<int64_t>(1, left);
+}
+
+namespace {
+
+int poll_ms(Deadline dl) { return static_cast<int>(std::min<int64_t>(ms_left(dl, 100), 100)); }
+
+// Waits until `fd` is readable (POLLIN) or writable (POLLOUT), or the deadline passes: false then.
+bool wait_fd(int fd, short events, Deadline dl) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, poll_ms(dl));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) return true;  // let the read or write report the error
+    if (dl.passed()) return false;
+  }
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+}  // namespace
+
+Socket listen_on(int port, const std::string& what) {
+  Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  bool v6 = s.valid();
+  if (!v6) s = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) fail(DDP_ERR_INVALID_ARGUMENT, "%s: socket() failed: %s", what.c_str(), std::strerror(errno));
+  int one = 1, zero = 0;
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc;
+  if (v6) {
+    ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 clients too
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  if (rc != 0 || ::listen(s.fd(), 128) != 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "%s: cannot listen on port %d: %s", what.c_str(), port, std::strerror(errno));
+  set_nonblocking(s.fd());
+  return s;
+}
+
+int bound_port(const Socket& s) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&a), &len) != 0) return -1;
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+}
+
+Socket accept_within(const Socket& listener, int wait_ms) {
+  pollfd p{listener.fd(), POLLIN, 0};
+  if (::poll(&p, 1, wait_ms) <= 0) return Socket();
+  Socket c(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (c.valid()) {
+    int one = 1;
+    ::setsockopt(c.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return c;
+}
+
+bool readable_within(const Socket& s, int wait_ms) {
+  pollfd p{s.fd(), POLLIN, 0};
+  return ::poll(&p, 1, wait_ms) != 0;
+}
+
+Socket try_connect(const std::string& host, int port, Deadline dl) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &res) != 0 || !res) return Socket();
+  Socket out;
+  for (addrinfo* ai = res; ai && !out.valid(); ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) continue;
+    set_nonblocking(s.fd());
+    int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS && wait_fd(s.fd(), POLLOUT, dl)) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+    }
+    if (rc == 0) out = std::move(s);
+  }
+  ::freeaddrinfo(res);
+  if (out.valid()) {
+    int one = 1;
+    ::setsockopt(out.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return out;
+}
+
+Socket connect_to(const std::string& host, int port, Deadline dl, const std::string& what) {
+  for (;;) {
+    Socket s = try_connect(host, port, dl);
+    if (s.valid()) return s;
+    if (dl.passed())
+      fail(DDP_ERR_TIMEOUT, "%s: nobody listened on %s:%d before the timeout", what.c_str(), host.c_str(), port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void send_all(const Socket& s, const void* p, size_t n, Deadline dl, const std::string& what) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::send(s.fd(), c, n, MSG_NOSIGNAL);
+    if (k > 0) {
+      c += k;
+      n -= static_cast<size_t>(k);
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (!wait_fd(s.fd(), POLLOUT, dl)) fail(DDP_ERR_TIMEOUT, "%s: sending timed out", what.c_str());
+    } else {
+      fail(DDP_ERR_TIMEOUT, "%s: the connection broke: %s", what.c_str(), std::strerror(errno));
+    }
+  }
+}
+
+void recv_all(const Socket& s, void* p, size_t n, Deadline dl, const std::string& what) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::recv(s.fd(), c, n, 0);
+    if (k > 0) {
+      c += k;
+      n -= static_cast<size_t>(k);
+    } else if (k == 0) {
+      fail(DDP_ERR_TIMEOUT, "%s: the peer closed the connection (its process exited or was killed)", what.c_str());
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (!wait_fd(s.fd(), POLLIN, dl)) fail(DDP_ERR_TIMEOUT, "%s: no answer before the timeout", what.c_str());
+    } else {
+      fail(DDP_ERR_TIMEOUT, "%s: the connection broke: %s", what.c_str(), std::strerror(errno));
+    }
+  }
+}
+
+std::string local_address(const Socket& s) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  char host[NI_MAXHOST] = "";
+  if (::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+    return std::string();
+  std::string h = host;
+  if (h.compare(0, 7, "::ffff:") == 0) h = h.substr(7);  // an IPv4 peer seen through a dual-stack socket
+  return h;
+}
+
+}  // namespace tcp
+}  // namespace ddp
