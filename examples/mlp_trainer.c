@@ -18,6 +18,9 @@
  *
  * The communicator is one choice, made in make_comm():
  *   --comm mpi   host memory, reduced over MPI (run under mpirun; the default)
+ *   --comm gloo  host memory, reduced over Gloo (TCP), no MPI: processes started by torchrun or
+ *                examples/run_local.sh (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); --init names
+ *                another rendezvous (tcp://HOST:PORT, file:///DIR)
  *   --comm self  one process, no MPI (reduction is the identity)
  *   --comm nccl  device memory, reduced over NCCL: the gradients are staged into CUDA device buffers
  *                layer by layer and reduced there (only in a build with -DDDP_EXAMPLE_CUDA, which
@@ -57,6 +60,7 @@ typedef struct options {
   float lr;
   const char* comm;
   const char* timeline;
+  const char* init; /* --comm gloo: the rendezvous (env:// by default) */
 } options_t;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -238,11 +242,14 @@ typedef struct trainer {
 #endif
 } trainer_t;
 
-static ddp_comm_t make_comm(const char* kind, int* device_grads) {
+static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grads) {
   ddp_comm_t comm = NULL;
   *device_grads = 0;
   if (strcmp(kind, "mpi") == 0) {
     check(ddp_comm_init_mpi(NULL, &comm), "ddp_comm_init_mpi");
+  } else if (strcmp(kind, "gloo") == 0) {
+    /* Rank and world size from RANK and WORLD_SIZE, as torchrun (or examples/run_local.sh) sets them. */
+    check(ddp_comm_init_gloo(init, -1, -1, &comm), "ddp_comm_init_gloo");
   } else if (strcmp(kind, "self") == 0) {
     check(ddp_comm_init_self(&comm), "ddp_comm_init_self");
   } else if (strcmp(kind, "nccl") == 0) {
@@ -263,7 +270,7 @@ static ddp_comm_t make_comm(const char* kind, int* device_grads) {
     exit(2);
 #endif
   } else {
-    fprintf(stderr, "unknown --comm '%s' (mpi, self or nccl)\n", kind);
+    fprintf(stderr, "unknown --comm '%s' (mpi, gloo, self or nccl)\n", kind);
     exit(2);
   }
   return comm;
@@ -344,13 +351,14 @@ static int cmp_double(const void* a, const void* b) {
 static void usage(void) {
   fprintf(stderr,
           "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
-          "                   [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]\n"
+          "                   [--delay] [--comm mpi|gloo|self|nccl] [--init env://|tcp://H:P|file:///DIR]\n"
+          "                   [--timeline file.json] [--quiet]\n"
           "                   [--optimizer sgd|momentum|adam] [--shard]\n");
   exit(2);
 }
 
 static options_t parse(int argc, char** argv) {
-  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, 2000000, 0.05f, "mpi", NULL};
+  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, 2000000, 0.05f, "mpi", NULL, "env://"};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -372,6 +380,8 @@ static options_t parse(int argc, char** argv) {
       o.message_size = (size_t)atoll(v), ++i;
     else if (!strcmp(a, "--comm"))
       o.comm = v, ++i;
+    else if (!strcmp(a, "--init"))
+      o.init = v, ++i;
     else if (!strcmp(a, "--timeline"))
       o.timeline = v, ++i;
     else if (!strcmp(a, "--optimizer")) {
@@ -443,7 +453,7 @@ int main(int argc, char** argv) {
   options_t opt = parse(argc, argv);
   trainer_t t;
   memset(&t, 0, sizeof t);
-  ddp_comm_t comm = make_comm(opt.comm, &t.device_grads);
+  ddp_comm_t comm = make_comm(opt.comm, opt.init, &t.device_grads);
   check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
   check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
   g_rank = t.rank;
