@@ -144,7 +144,7 @@ suite-c99: $(C99_BIN)
 	$(Q)$(C99_BIN)
 
 suite-exports: $(SHARED)
-	$(Q)tests/check_exports.sh $(SHARED)
+	$(Q)CC="$(CC)" tests/check_exports.sh $(SHARED)
 
 suite-layers:
 	$(Q)tests/check_layers.sh lib
