@@ -6,7 +6,8 @@
 ##   all, lib        the library: $(BUILD)/lib/libddp.so.0 (+ links) and libddp.a; prints the one-line
 ##                   build summary ("libddp 0.2.0: MPI yes (Open MPI), CUDA no, NCCL no, Gloo no") when linked
 ##   config          that summary, what was found (MPI flags, NCCL's header) and every knob's value
-##   install         ddp.h, the libraries and libddp.pc and the CMake package into PREFIX
+##   install         ddp.h into PREFIX/include; the libraries, libddp.pc and the CMake package into LIBDIR
+##   uninstall       removes exactly what install put there (give the same PREFIX, LIBDIR, DESTDIR)
 ##   clean           removes $(BUILD)
 ##   format          clang-format every tracked C/C++/CUDA source; format-check: only check (CI)
 ##   help            this text
@@ -32,7 +33,8 @@
 ##   DEBUG=1         -O0; SANITIZE=address,undefined (or thread, ...) builds with those sanitizers
 ##   VERBOSE=1       prints every command instead of one line per file
 ##   BUILD           the build folder (default build); CXX, CC: the compilers; CXXFLAGS, LDFLAGS: more flags
-##   PREFIX          install's prefix (default /usr/local); DESTDIR: a staging root for it
+##   PREFIX          install's prefix (default /usr/local); LIBDIR: where the libraries go (PREFIX/lib);
+##                   DESTDIR: a staging root for both; PKG_CONFIG: the pkg-config that finds MPI's module
 ##   HAVE_GLOO       1 when the Gloo communicator is built (set by its make file), 0 otherwise
 ##   NP_LIST         the world sizes of the multi-rank suites (default 1 2 3 4)
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
@@ -51,6 +53,8 @@ DEBUG     ?= 0
 SANITIZE  ?=
 VERBOSE   ?= 0
 PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+PKG_CONFIG ?= pkg-config
 BUILD     ?= build
 CXX       ?= g++
 CC        ?= cc
@@ -89,6 +93,9 @@ ifneq ($(MPI),0)
     endif
   endif
   MPI_LIBS := $(filter-out -lmpicxx -lmpichcxx -lmpi_cxx,$(MPI_LINK))
+  # The MPI's own pkg-config module, named in the installed libddp.pc when pkg-config knows it.
+  MPI_PC_NAME := $(if $(filter Open MPI,$(MPI_FLAVOR)),ompi,$(if $(filter MPICH,$(MPI_FLAVOR)),mpich,impi))
+  MPI_PC := $(if $(MPI_FLAVOR),$(shell $(PKG_CONFIG) --exists $(MPI_PC_NAME) 2>/dev/null && echo $(MPI_PC_NAME)),)
 endif
 ifeq ($(MPI),auto)
   HAVE_MPI := $(if $(MPI_FLAVOR),1,0)
@@ -117,6 +124,13 @@ CXXFLAGS_ALL := -std=c++17 $(OPT) $(SAN) $(WARN) -fPIC -fvisibility=hidden -Iinc
                 -DDDP_HAVE_MPI=$(HAVE_MPI) -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(CXXFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 LIB_LDLIBS := -lpthread $(if $(filter 1,$(HAVE_MPI)),$(MPI_LIBS),)
+# What a program linking libddp.a needs besides it, as the installed libddp.pc and CMake package say
+# it: pkg-config modules (STATIC_REQUIRES) and -l flags (STATIC_LIBS), never an absolute path. MPI is
+# its pkg-config module, or, without one, its -l flags alone (its -L/-rpath paths are its compiler
+# wrapper's business: link with mpicc); mk/cuda.mk adds -lcudart -lnccl -ldl.
+STATIC_REQUIRES := $(if $(filter 1,$(HAVE_MPI)),$(MPI_PC),)
+STATIC_LIBS := $(if $(filter 1,$(HAVE_MPI)),$(if $(MPI_PC),,$(filter -l% -pthread,$(MPI_LIBS))),)
+STATIC_LIBS_LAST := -lstdc++ -lm -lpthread
 
 # The library: the core, the host backends, MPI (or its stub); mk/cuda.mk adds the CUDA backend (or its stub).
 LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) $(wildcard lib/backends/host/*.cpp) lib/backends/local/local_comm.cpp \
@@ -222,7 +236,7 @@ suite-layers:
 
 # make install, then consumers of the installed package (CMake, pkg-config).
 suite-install: lib
-	$(Q)tests/install/run.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(abspath $(BUILD))/install-test
+	$(Q)CUDA_HOME=$(CUDA_HOME) tests/install/run.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(abspath $(BUILD))/install-test
 
 # No function in lib/ over about 60 lines.
 suite-functions:
@@ -242,21 +256,39 @@ test: lib
 
 
 # ---------------------------------------------------------------------------------------------
+# make install PREFIX=... [LIBDIR=...] [DESTDIR=...]: the header under PREFIX/include; the libraries
+# with their soname links, libddp.pc and the CMake package under LIBDIR (lib64, lib/<triplet>, ...),
+# which lies under PREFIX: both files find the rest from where they lie. make uninstall with the same
+# knobs removes exactly these files.
+LIBDIR_REL := $(patsubst $(PREFIX)/%,%,$(LIBDIR))
+LIBDIR_UP  := $(subst $(space),/,$(patsubst %,..,$(subst /, ,$(LIBDIR_REL))))
+INSTALLED  := $(PREFIX)/include/ddp.h $(addprefix $(LIBDIR)/,libddp.so.$(VERSION) $(SONAME) libddp.so libddp.a               pkgconfig/libddp.pc cmake/libddp/libddp-config.cmake cmake/libddp/libddp-config-version.cmake)
+check_libdir = $(if $(filter $(PREFIX)/%,$(LIBDIR)),,$(error LIBDIR=$(LIBDIR) does not lie under PREFIX=$(PREFIX)))
+cmake_list = $(subst $(space),;,$(strip $(1)))
+PKG_SUBST := -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR_REL@|$(LIBDIR_REL)|' -e 's|@VERSION@|$(VERSION)|' \
+  -e 's|@REQUIRES_PRIVATE@|$(STATIC_REQUIRES)|' -e 's|@LIBS_PRIVATE@|$(strip $(STATIC_LIBS) $(STATIC_LIBS_LAST))|'
+CMAKE_SUBST := -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
+  -e 's|@LIBDIR_UP@|$(LIBDIR_UP)|g' -e 's|@HAVE_MPI@|$(HAVE_MPI)|g' -e 's|@HAVE_CUDA@|$(if $(CUDA_BACKEND),1,0)|g' \
+  -e 's|@MPI_LIB_NAMES@|$(call cmake_list,$(patsubst -l%,%,$(filter -l%,$(MPI_LIBS))))|g'
+
+.PHONY: uninstall
 install: lib
-	$(Q)install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	$(call check_libdir)
+	$(Q)install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(LIBDIR)/cmake/libddp
 	$(Q)install -m 644 include/ddp.h $(DESTDIR)$(PREFIX)/include/ddp.h
-	$(Q)install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libddp.so.$(VERSION)
-	$(Q)ln -sf libddp.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
-	$(Q)ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libddp.so
-	$(Q)install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libddp.a
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
-	  -e 's|@LIBS_PRIVATE@|$(LIB_LDLIBS)|' lib/libddp.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libddp.pc
-	$(Q)install -d $(DESTDIR)$(PREFIX)/lib/cmake/libddp
+	$(Q)install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/libddp.so.$(VERSION)
+	$(Q)ln -sf libddp.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	$(Q)ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libddp.so
+	$(Q)install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/libddp.a
+	$(Q)sed $(PKG_SUBST) lib/libddp.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/libddp.pc
 	$(Q)for f in libddp-config libddp-config-version; do \
-	  sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
-	    -e 's|@LIBS_PRIVATE_LIST@|$(subst $(space),;,$(strip $(LIB_LDLIBS)))|' lib/$$f.cmake.in \
-	    > $(DESTDIR)$(PREFIX)/lib/cmake/libddp/$$f.cmake; done
-	@echo "installed libddp $(VERSION) under $(DESTDIR)$(PREFIX)"
+	  sed $(CMAKE_SUBST) lib/$$f.cmake.in > $(DESTDIR)$(LIBDIR)/cmake/libddp/$$f.cmake; done
+	@echo "installed libddp $(VERSION) under $(DESTDIR)$(PREFIX) (libraries in $(DESTDIR)$(LIBDIR))"
+
+uninstall:
+	$(Q)rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	$(Q)rmdir $(DESTDIR)$(LIBDIR)/cmake/libddp 2>/dev/null || true
+	@echo "removed libddp $(VERSION) from $(DESTDIR)$(PREFIX) (libraries in $(DESTDIR)$(LIBDIR))"
 
 # The house style (.clang-format) over every C, C++ and CUDA source that git tracks.
 CLANG_FORMAT ?= clang-format
@@ -275,7 +307,7 @@ clean:
 config:
 	$(info $(BUILD_SUMMARY))
 	$(info found:)
-	$(foreach v,MPI_FLAVOR MPI_CFLAGS MPI_LIBS HAVE_CUDA NCCL_H, \
+	$(foreach v,MPI_FLAVOR MPI_CFLAGS MPI_LIBS MPI_PC HAVE_CUDA NCCL_H STATIC_REQUIRES STATIC_LIBS, \
 	  $(info $(space) $(v) = $($(v))))
 	$(info knobs:)
 	$(foreach k,$(KNOBS),$(info $(space) $(k) = $($(k))))

@@ -85,7 +85,7 @@ summary_re='^libddp [0-9]+\.[0-9]+\.[0-9]+: MPI (yes \([A-Za-z ]+\)|no), CUDA (y
 config=$(mk config BUILD="$build" 2>&1)
 line=$(head -n 1 <<<"$config")
 if grep -qE "$summary_re" <<<"$line"; then ok "make config starts with the summary: $line"; else bad "make config's first line: '$line'"; fi
-for k in BUILD PREFIX MPICXX CUDA_HOME NP_LIST; do
+for k in BUILD PREFIX LIBDIR MPICXX CUDA_HOME NP_LIST; do
   grep -q "^  $k = " <<<"$config" || { bad "make config does not show the knob $k"; k=missing; break; }
 done
 [ "$k" = missing ] || ok "make config shows the knobs' values"
