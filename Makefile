@@ -13,6 +13,7 @@
 ##   help            this text
 ## Testing (each suite ends with "N passed, N failed"; make test sums them)
 ##   test            every suite of SUITES (listed at the end): about 25 minutes on 2 cores
+##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line
 ##   suite-NAME      one suite, NAME from SUITES; suite-python-src: the Python tests on the sources
 ##   test-sanitize   every suite under ASan+UBSan ($(BUILD)/asan), the threaded ones under TSan ($(BUILD)/tsan)
 ##   test-gpusim     the gpusim suite: the CUDA backend on a simulated CUDA runtime and NCCL, no GPU needed
@@ -38,6 +39,7 @@
 ##   HAVE_GLOO       1 when the Gloo communicator is built (set by its make file), 0 otherwise
 ##   NP_LIST         the world sizes of the multi-rank suites (default 1 2 3 4)
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
+##   QUICK_SUITES    the suites of make test-quick
 ##   DEMO_NP, DEMO_ARGS   make demo's ranks (2) and trainer options; EXAMPLE_CFLAGS: the trainer's flags
 ##   PYTHON_BIN      the Python of the python suites (/usr/bin/python3); JULIA: julia
 ##   FUZZ_SECONDS    make fuzz's time (60); FUZZ_BUILD: its tree; FUZZ_CXX: clang++; FUZZ_ARGS: libFuzzer's
@@ -160,7 +162,7 @@ BUILD_SUMMARY = libddp $(VERSION): MPI $(if $(filter 1,$(HAVE_MPI)),yes ($(MPI_F
 KNOBS = $(sort $(shell sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Z][A-Z0-9_]*)[[:space:]]*\?=.*/\2/p' \
           Makefile $(wildcard mk/*.mk)) CXXFLAGS LDFLAGS NVCCFLAGS DESTDIR GPUSIM HAVE_GLOO)
 
-.PHONY: all lib test install clean help config
+.PHONY: all lib test test-quick install clean help config
 .DEFAULT_GOAL := all
 all: lib
 lib: $(SHARED) $(STATIC) $(BUILD)/lib/libddp.so
@@ -253,6 +255,12 @@ endif
 
 test: lib
 	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(SUITES)
+
+# A couple of minutes on 2 cores: the API and its misuse (unit, c99), the exports and the ABI, the
+# build and the install, and the multi-rank reductions at NP_LIST.
+QUICK_SUITES ?= unit c99 exports abi build install mpi
+test-quick: lib
+	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(QUICK_SUITES)
 
 
 # ---------------------------------------------------------------------------------------------
