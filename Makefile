@@ -1,22 +1,69 @@
-# libddp: the one build entry.
-#   make                 the library: build/lib/libddp.so.$(MAJOR) (+ links) and build/lib/libddp.a
-#   make test            every suite, ending with one line "N passed, N failed, N skipped"
-#   make demo            the example trainer on 2 ranks     make bench   the benchmarks
-#   make install PREFIX=/usr/local   make format-check  (the house style, .clang-format)
-# Knobs (set on the command line or in the environment):
+# libddp: the one build entry. `make help` prints the lines below that start with "##" (here and in
+# mk/*.mk): every target and every knob, which the build suite checks (tests/build/run.sh).
+## Usage: make [TARGET...] [KNOB=value...]   (knobs may also come from the environment)
+##
+## Building
+##   all, lib        the library: $(BUILD)/lib/libddp.so.0 (+ links) and libddp.a; prints the one-line
+##                   build summary ("libddp 0.2.0: MPI yes (Open MPI), CUDA no, NCCL no, Gloo no") when linked
+##   config          that summary, what was found (MPI flags, NCCL's header) and every knob's value
+##   install         ddp.h into PREFIX/include; the libraries, libddp.pc and the CMake package into LIBDIR
+##   uninstall       removes exactly what install put there (give the same PREFIX, LIBDIR, DESTDIR)
+##   clean           removes $(BUILD)
+##   format          clang-format every tracked C/C++/CUDA source; format-check: only check (CI)
+##   help            this text
+## Testing (each suite ends with "N passed, N failed"; make test sums them)
+##   test            every suite of SUITES (listed at the end): about 25 minutes on 2 cores
+##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line
+##   suite-NAME      one suite, NAME from SUITES; suite-python-src: the Python tests on the sources
+##   test-sanitize   every suite under ASan+UBSan ($(BUILD)/asan), the threaded ones under TSan ($(BUILD)/tsan)
+##   test-gpusim     the gpusim suite: the CUDA backend on a simulated CUDA runtime and NCCL, no GPU needed
+##   gpu-tests, gpu-bench   build the GPU test program and the flatten benchmark (CUDA builds)
+##   fuzz            libFuzzer over the API for FUZZ_SECONDS; fuzz-merge keeps new inputs in tests/fuzz/corpus;
+##                   fuzz-build builds the fuzzer in FUZZ_BUILD
+##   abi-asan-lib, gpusim-run, gpusim-gpu   steps of the abi and gpusim suites
+## Examples and benchmarks
+##   examples        the example trainer; demo: it on DEMO_NP ranks (DEMO_ARGS: its options);
+##                   demo-gpu: its grads in device memory over NCCL
+##   bench           the benchmarks: tables on stdout, raw numbers in $(BUILD)/bench/*.json
+## Knobs
+##   CUDA=auto|0|1   the CUDA backend: auto when nvcc is under CUDA_HOME (default /usr/local/cuda)
+##   NCCL_HOME       where nccl.h and libnccl are (default CUDA_HOME, then /usr/include); NVCC: nvcc
+##   CUDA_GENCODE    nvcc's -gencode flags (sm_80, sm_90 and compute_90 PTX); NVCCFLAGS: more nvcc flags
+##   MPI=auto|0|1    the MPI backend: auto when MPICXX answers (Open MPI --showme, MPICH/Intel MPI -show)
+##   MPICXX          the MPI compiler wrapper that says MPI's flags (default mpicxx); MPIRUN: mpirun
+##   DEBUG=1         -O0; SANITIZE=address,undefined (or thread, ...) builds with those sanitizers
+##   VERBOSE=1       prints every command instead of one line per file
+##   BUILD           the build folder (default build); CXX, CC: the compilers; CXXFLAGS, LDFLAGS: more flags
+##   PREFIX          install's prefix (default /usr/local); LIBDIR: where the libraries go (PREFIX/lib);
+##                   DESTDIR: a staging root for both; PKG_CONFIG: the pkg-config that finds MPI's module
+##   HAVE_GLOO       1 when the Gloo communicator is built (set by its make file), 0 otherwise
+##   NP_LIST         the world sizes of the multi-rank suites (default 1 2 3 4)
+##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
+##   QUICK_SUITES    the suites of make test-quick
+##   DEMO_NP, DEMO_ARGS   make demo's ranks (2) and trainer options; EXAMPLE_CFLAGS: the trainer's flags
+##   PYTHON_BIN      the Python of the python suites (/usr/bin/python3); JULIA: julia
+##   FUZZ_SECONDS    make fuzz's time (60); FUZZ_BUILD: its tree; FUZZ_CXX: clang++; FUZZ_ARGS: libFuzzer's
+##   FAULT_TIMEOUT_MS  the faults suite's timeout_ms (2000)
+##   ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS, TSAN_OPTIONS   the sanitizers' settings for the suites
+##   SAN_SKIP        suites test-sanitize leaves out; SAN_MPIRUN: its mpirun; TSAN_SUITES: those under TSan
+##   GPUSIM=1        (inside the gpusim suite) builds against the simulation; GPUSIM_TSAN: its TSan tree
 CUDA_HOME ?= /usr/local/cuda
 CUDA      ?= auto
 MPI       ?= auto
+MPICXX    ?= mpicxx
 DEBUG     ?= 0
 SANITIZE  ?=
 VERBOSE   ?= 0
 PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+PKG_CONFIG ?= pkg-config
 BUILD     ?= build
 CXX       ?= g++
 CC        ?= cc
 NP_LIST   ?= 1 2 3 4
 
 space := $(subst ,, )
+comma := ,
 MAJOR := $(shell sed -n 's/^\#define DDP_VERSION_MAJOR \([0-9]*\)/\1/p' include/ddp.h)
 MINOR := $(shell sed -n 's/^\#define DDP_VERSION_MINOR \([0-9]*\)/\1/p' include/ddp.h)
 PATCH := $(shell sed -n 's/^\#define DDP_VERSION_PATCH \([0-9]*\)/\1/p' include/ddp.h)
@@ -30,15 +77,37 @@ else
   say = @printf '  %-8s %s\n' $(1) $(2)
 endif
 
-# --- MPI: found through mpicxx --showme ---
+# --- MPI: found through $(MPICXX): Open MPI answers --showme:compile and --showme:link; MPICH and
+# Intel MPI answer -show with their whole compile line, whose -I/-D flags are kept for compiling and
+# -L/-l/-Wl flags for linking (the compiler's name dropped). The C++ bindings' libraries are left out
+# either way: the library uses the C API (OMPI_SKIP_MPICXX, MPICH_SKIP_MPICXX). ---
+ifneq ($(MPI),0)
+  ifeq ($(shell $(MPICXX) --showme:compile >/dev/null 2>&1 && echo 1),1)
+    MPI_FLAVOR := Open MPI
+    MPI_CFLAGS := $(shell $(MPICXX) --showme:compile)
+    MPI_LINK   := $(shell $(MPICXX) --showme:link)
+  else
+    MPI_SHOW := $(subst ",,$(shell $(MPICXX) -show 2>/dev/null | sed 's/-Xlinker  *\([^ ]*\)/-Wl,\1/g'))
+    ifneq ($(MPI_SHOW),)
+      MPI_FLAVOR := $(if $(findstring Intel,$(shell $(MPICXX) -v 2>&1 | head -n 1)),Intel MPI,MPICH)
+      MPI_CFLAGS := $(filter -I% -D% -pthread,$(wordlist 2,$(words $(MPI_SHOW)),$(MPI_SHOW)))
+      MPI_LINK   := $(filter -L% -l% -Wl$(comma)% -pthread,$(wordlist 2,$(words $(MPI_SHOW)),$(MPI_SHOW)))
+    endif
+  endif
+  MPI_LIBS := $(filter-out -lmpicxx -lmpichcxx -lmpi_cxx,$(MPI_LINK))
+  # The MPI's own pkg-config module, named in the installed libddp.pc when pkg-config knows it.
+  MPI_PC_NAME := $(if $(filter Open MPI,$(MPI_FLAVOR)),ompi,$(if $(filter MPICH,$(MPI_FLAVOR)),mpich,impi))
+  MPI_PC := $(if $(MPI_FLAVOR),$(shell $(PKG_CONFIG) --exists $(MPI_PC_NAME) 2>/dev/null && echo $(MPI_PC_NAME)),)
+endif
 ifeq ($(MPI),auto)
-  HAVE_MPI := $(shell mpicxx --showme:compile >/dev/null 2>&1 && echo 1 || echo 0)
+  HAVE_MPI := $(if $(MPI_FLAVOR),1,0)
 else
   HAVE_MPI := $(MPI)
 endif
 ifeq ($(HAVE_MPI),1)
-  MPI_CFLAGS := $(shell mpicxx --showme:compile)
-  MPI_LIBS   := $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link))
+  ifeq ($(MPI_FLAVOR),)
+    $(error MPI=1, but $(MPICXX) answers neither --showme:compile (Open MPI) nor -show (MPICH, Intel MPI))
+  endif
   MPIRUN     ?= mpirun
 endif
 
@@ -57,6 +126,13 @@ CXXFLAGS_ALL := -std=c++17 $(OPT) $(SAN) $(WARN) -fPIC -fvisibility=hidden -Iinc
                 -DDDP_HAVE_MPI=$(HAVE_MPI) -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(CXXFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 LIB_LDLIBS := -lpthread $(if $(filter 1,$(HAVE_MPI)),$(MPI_LIBS),)
+# What a program linking libddp.a needs besides it, as the installed libddp.pc and CMake package say
+# it: pkg-config modules (STATIC_REQUIRES) and -l flags (STATIC_LIBS), never an absolute path. MPI is
+# its pkg-config module, or, without one, its -l flags alone (its -L/-rpath paths are its compiler
+# wrapper's business: link with mpicc); mk/cuda.mk adds -lcudart -lnccl -ldl.
+STATIC_REQUIRES := $(if $(filter 1,$(HAVE_MPI)),$(MPI_PC),)
+STATIC_LIBS := $(if $(filter 1,$(HAVE_MPI)),$(if $(MPI_PC),,$(filter -l% -pthread,$(MPI_LIBS))),)
+STATIC_LIBS_LAST := -lstdc++ -lm -lpthread
 
 # The library: the core, the host backends, MPI (or its stub); mk/cuda.mk adds the CUDA backend (or its stub).
 LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) $(wildcard lib/backends/host/*.cpp) lib/backends/local/local_comm.cpp \
@@ -76,7 +152,17 @@ SONAME   := libddp.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/$(SONAME)
 STATIC   := $(BUILD)/lib/libddp.a
 
-.PHONY: all lib test install clean help
+# What this build has, in one line: printed when the library is linked, and by make config.
+# (HAVE_GLOO comes from the Gloo communicator's make file; unset, it reads "no".)
+yes_no = $(if $(filter 1,$(1)),yes,no)
+CUDA_SAID := $(if $(filter 1,$(CUDA_BACKEND)),$(if $(filter 1,$(GPUSIM)),yes (simulated),yes),no)
+BUILD_SUMMARY = libddp $(VERSION): MPI $(if $(filter 1,$(HAVE_MPI)),yes ($(MPI_FLAVOR)),no), CUDA $(CUDA_SAID), \
+  NCCL $(CUDA_SAID), Gloo $(call yes_no,$(HAVE_GLOO))
+# Every knob: each variable that Makefile or mk/*.mk sets with ?=, and those read from outside alone.
+KNOBS = $(sort $(shell sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Z][A-Z0-9_]*)[[:space:]]*\?=.*/\2/p' \
+          Makefile $(wildcard mk/*.mk)) CXXFLAGS LDFLAGS NVCCFLAGS DESTDIR GPUSIM HAVE_GLOO)
+
+.PHONY: all lib test test-quick install clean help config
 .DEFAULT_GOAL := all
 all: lib
 lib: $(SHARED) $(STATIC) $(BUILD)/lib/libddp.so
@@ -91,6 +177,7 @@ $(BUILD)/obj/%.o: %.cpp
 $(BUILD)/obj/lib/backends/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3)
 
 $(SHARED): $(LIB_OBJS) lib/libddp.map
+	@echo "$(BUILD_SUMMARY)"
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -shared -o $@ $(LIB_OBJS) -Wl,-soname,$(SONAME) -Wl,--version-script=lib/libddp.map \
@@ -144,14 +231,14 @@ suite-c99: $(C99_BIN)
 	$(Q)$(C99_BIN)
 
 suite-exports: $(SHARED)
-	$(Q)tests/check_exports.sh $(SHARED)
+	$(Q)CC="$(CC)" tests/check_exports.sh $(SHARED)
 
 suite-layers:
 	$(Q)tests/check_layers.sh lib
 
 # make install, then consumers of the installed package (CMake, pkg-config).
 suite-install: lib
-	$(Q)tests/install/run.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(abspath $(BUILD))/install-test
+	$(Q)CUDA_HOME=$(CUDA_HOME) tests/install/run.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(abspath $(BUILD))/install-test
 
 # No function in lib/ over about 60 lines.
 suite-functions:
@@ -169,22 +256,47 @@ endif
 test: lib
 	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(SUITES)
 
+# A couple of minutes on 2 cores: the API and its misuse (unit, c99), the exports and the ABI, the
+# build and the install, and the multi-rank reductions at NP_LIST.
+QUICK_SUITES ?= unit c99 exports abi build install mpi
+test-quick: lib
+	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(QUICK_SUITES)
+
+
 # ---------------------------------------------------------------------------------------------
+# make install PREFIX=... [LIBDIR=...] [DESTDIR=...]: the header under PREFIX/include; the libraries
+# with their soname links, libddp.pc and the CMake package under LIBDIR (lib64, lib/<triplet>, ...),
+# which lies under PREFIX: both files find the rest from where they lie. make uninstall with the same
+# knobs removes exactly these files.
+LIBDIR_REL := $(patsubst $(PREFIX)/%,%,$(LIBDIR))
+LIBDIR_UP  := $(subst $(space),/,$(patsubst %,..,$(subst /, ,$(LIBDIR_REL))))
+INSTALLED  := $(PREFIX)/include/ddp.h $(addprefix $(LIBDIR)/,libddp.so.$(VERSION) $(SONAME) libddp.so libddp.a               pkgconfig/libddp.pc cmake/libddp/libddp-config.cmake cmake/libddp/libddp-config-version.cmake)
+check_libdir = $(if $(filter $(PREFIX)/%,$(LIBDIR)),,$(error LIBDIR=$(LIBDIR) does not lie under PREFIX=$(PREFIX)))
+cmake_list = $(subst $(space),;,$(strip $(1)))
+PKG_SUBST := -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR_REL@|$(LIBDIR_REL)|' -e 's|@VERSION@|$(VERSION)|' \
+  -e 's|@REQUIRES_PRIVATE@|$(STATIC_REQUIRES)|' -e 's|@LIBS_PRIVATE@|$(strip $(STATIC_LIBS) $(STATIC_LIBS_LAST))|'
+CMAKE_SUBST := -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
+  -e 's|@LIBDIR_UP@|$(LIBDIR_UP)|g' -e 's|@HAVE_MPI@|$(HAVE_MPI)|g' -e 's|@HAVE_CUDA@|$(if $(CUDA_BACKEND),1,0)|g' \
+  -e 's|@MPI_LIB_NAMES@|$(call cmake_list,$(patsubst -l%,%,$(filter -l%,$(MPI_LIBS))))|g'
+
+.PHONY: uninstall
 install: lib
-	$(Q)install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	$(call check_libdir)
+	$(Q)install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(LIBDIR)/cmake/libddp
 	$(Q)install -m 644 include/ddp.h $(DESTDIR)$(PREFIX)/include/ddp.h
-	$(Q)install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libddp.so.$(VERSION)
-	$(Q)ln -sf libddp.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
-	$(Q)ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libddp.so
-	$(Q)install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libddp.a
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
-	  -e 's|@LIBS_PRIVATE@|$(LIB_LDLIBS)|' lib/libddp.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libddp.pc
-	$(Q)install -d $(DESTDIR)$(PREFIX)/lib/cmake/libddp
+	$(Q)install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/libddp.so.$(VERSION)
+	$(Q)ln -sf libddp.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	$(Q)ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libddp.so
+	$(Q)install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/libddp.a
+	$(Q)sed $(PKG_SUBST) lib/libddp.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/libddp.pc
 	$(Q)for f in libddp-config libddp-config-version; do \
-	  sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
-	    -e 's|@LIBS_PRIVATE_LIST@|$(subst $(space),;,$(strip $(LIB_LDLIBS)))|' lib/$$f.cmake.in \
-	    > $(DESTDIR)$(PREFIX)/lib/cmake/libddp/$$f.cmake; done
-	@echo "installed libddp $(VERSION) under $(DESTDIR)$(PREFIX)"
+	  sed $(CMAKE_SUBST) lib/$$f.cmake.in > $(DESTDIR)$(LIBDIR)/cmake/libddp/$$f.cmake; done
+	@echo "installed libddp $(VERSION) under $(DESTDIR)$(PREFIX) (libraries in $(DESTDIR)$(LIBDIR))"
+
+uninstall:
+	$(Q)rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	$(Q)rmdir $(DESTDIR)$(LIBDIR)/cmake/libddp 2>/dev/null || true
+	@echo "removed libddp $(VERSION) from $(DESTDIR)$(PREFIX) (libraries in $(DESTDIR)$(LIBDIR))"
 
 # The house style (.clang-format) over every C, C++ and CUDA source that git tracks.
 CLANG_FORMAT ?= clang-format
@@ -200,7 +312,18 @@ format-check:
 clean:
 	rm -rf $(BUILD)
 
+config:
+	$(info $(BUILD_SUMMARY))
+	$(info found:)
+	$(foreach v,MPI_FLAVOR MPI_CFLAGS MPI_LIBS MPI_PC HAVE_CUDA NCCL_H STATIC_REQUIRES STATIC_LIBS, \
+	  $(info $(space) $(v) = $($(v))))
+	$(info knobs:)
+	$(foreach k,$(KNOBS),$(info $(space) $(k) = $($(k))))
+	@:
+
 help:
-	@sed -n '2,7p' Makefile
+	@sed -n 's/^## \{0,1\}//p' Makefile $(sort $(wildcard mk/*.mk))
+	@echo "Suites (make suite-NAME; make test runs them all):"
+	@echo "$(SUITES)" | fold -s -w 96 | sed 's/^/  /'
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -27,6 +27,8 @@ KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(KERNEL_SRCS))
 LIB_EXTRA_OBJS += $(KERNEL_OBJS)
 LIB_CXX_SRCS += $(wildcard lib/backends/cuda/*.cpp)
 LIB_LDLIBS += $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudart -lnccl -ldl
+# The installed package names the libraries alone: CUDA's folder is the consumer's (LIBRARY_PATH, -L).
+STATIC_LIBS += -lcudart -lnccl -ldl
 
 $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lib/backends/cuda/*.cpp)): CXXFLAGS_ALL += $(CUDA_INC)
 

@@ -4,8 +4,15 @@ Everything declarative is in pyproject.toml; this file only adds the native buil
 `make -C <repository> lib` (the environment passes through: CUDA=0, MPI=0, CXX, ...), then
 build/lib/libddp.so.0 is copied to libddp/libddp.so.0, where the loader looks first after
 LIBDDP_PATH. LIBDDP_PREBUILT=<path to libddp.so.0> ships that file instead of building.
+
+The version is the C library's: DDP_VERSION_MAJOR/MINOR/PATCH of include/ddp.h, or, outside a
+checkout, what the prebuilt library's ddp_version() says. The wheel is tagged py3-none-<platform>:
+it holds a prebuilt library loaded with ctypes, no CPython extension, so any Python 3 on that
+platform can use it.
 """
+import ctypes
 import os
+import re
 import shutil
 import subprocess
 
@@ -13,9 +20,30 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools before 70.1: the wheel package's command
+    from wheel.bdist_wheel import bdist_wheel
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NAME = "libddp.so.0"
+HEADER = os.path.join(ROOT, "include", "ddp.h")
+
+
+def library_version():
+    """"MAJOR.MINOR.PATCH" from include/ddp.h, else from the prebuilt library's ddp_version()."""
+    if os.path.isfile(HEADER):
+        with open(HEADER) as f:
+            text = f.read()
+        parts = [re.search(r"^#define DDP_VERSION_%s (\d+)" % k, text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts)
+    prebuilt = os.environ.get("LIBDDP_PREBUILT")
+    if prebuilt and os.path.isfile(prebuilt):
+        code = ctypes.CDLL(os.path.abspath(prebuilt)).ddp_version()
+        return "%d.%d.%d" % (code // 10000, code // 100 % 100, code % 100)
+    raise SystemExit("libddp: no version: %s is missing and LIBDDP_PREBUILT names no library" % HEADER)
 
 
 def native_library():
@@ -42,9 +70,21 @@ class BuildWithLibrary(build_py):
 
 
 class NativeDistribution(Distribution):
-    # The package holds a shared library: the wheel is tagged for this platform, not "any".
+    # The package holds a shared library: install puts it in platlib, as the wheel's root.
     def has_ext_modules(self):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithLibrary}, distclass=NativeDistribution)
+class PlatformWheel(bdist_wheel):
+    # The package holds a shared library: the wheel is for this platform (not pure), but for any
+    # Python 3 and ABI, as ctypes loads the library.
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        return "py3", "none", super().get_tag()[2]
+
+
+setup(version=library_version(), cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel},
+      distclass=NativeDistribution)

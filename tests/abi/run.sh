@@ -10,7 +10,7 @@ fail() { tf=$((tf + 1)); echo "abi: FAIL $*"; }
 
 # Every function the 0.1 header declares is still exported by the library (ddp_config_init included,
 # which 0.2 made a macro: the symbol stays for programs built against 0.1).
-exported=$(nm -D --defined-only "$lib" | awk '$2 == "T" { print $3 }')
+exported=$(nm -D --defined-only "$lib" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }')
 old_fns=$(sed -n 's/^DDP_API .*[ *]\(ddp_[a-z0-9_]*\)(.*/\1/p' "$old_header")
 n_old=0
 for fn in $old_fns; do
@@ -22,9 +22,12 @@ echo "abi: the $n_old functions of the 0.1 header are exported by $(basename "$l
 if out=$(tests/check_exports.sh "$lib"); then pass; else echo "$out"; fail "tests/check_exports.sh"; fi
 
 # The 0.1 program calls the exported ddp_config_init, and never ddp_get_bucket (see old_caller.c).
-undef=$(nm -u "$old_caller" | awk '{ print $2 }')
+undef=$(nm -u "$old_caller" | awk '{ sub(/@.*/, "", $2); print $2 }')
 if grep -qx ddp_config_init <<<"$undef"; then pass; else fail "the 0.1 program does not call the ddp_config_init symbol"; fi
 if grep -qx ddp_get_bucket <<<"$undef"; then fail "the 0.1 program calls ddp_get_bucket"; else pass; fi
+# Built against the 0.1 header, it needs the functions of 0.1 alone: the version node DDP_0.1.
+needs=$(readelf -V "$old_caller" | grep -oE 'Name: DDP_[0-9.]+' | sed 's/Name: //' | sort -u | tr '\n' ' ')
+if [ "$needs" = "DDP_0.1 " ]; then pass; else fail "the 0.1 program needs the version nodes '$needs', not DDP_0.1 alone"; fi
 
 for bin in "$@"; do
   name=$(basename "$bin")

@@ -1,0 +1,6 @@
+# The build suite (tests/build/run.sh): MPI found through Open MPI's, MPICH's and Intel MPI's compiler
+# wrappers (fakes on PATH), the one-line build summary, and make help naming every knob and target.
+SUITES += build
+.PHONY: suite-build
+suite-build:
+	$(Q)tests/build/run.sh $(BUILD)
