@@ -243,7 +243,9 @@ typedef struct ddp_config {
   /* ddp_unused_policy_t. */
   int unused_policy;
   /* If not NULL, each rank writes a Chrome trace of bucket events to this path, with ".rank<N>"
-   * inserted before the extension. The environment variable DDP_TIMELINE does the same. Copied. */
+   * inserted before the extension (array form, one event per line, flushed every iteration;
+   * timestamps in microseconds since the Unix epoch; tools/merge_timeline.py merges the ranks).
+   * The environment variable DDP_TIMELINE does the same. Copied. */
   const char* timeline_path;
   /* If set, every reduced bucket is scanned for NaN/Inf; ddp_stats_t.nonfinite_buckets counts them.
    * Values are never changed. */

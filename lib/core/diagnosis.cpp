@@ -77,6 +77,7 @@ std::string Context::picture(int64_t wait_ms) {
 
 // Once per wait: every stream's waiting bucket would report the same stall.
 void Context::stall_warning(int stream) {
+  if (timeline_) timeline_->flush();  // a hang is often ended by a kill: its iteration so far goes to disk
   if (!log_enabled(DDP_LOG_WARN)) return;
   const int64_t it = counters_.iteration.load(std::memory_order_relaxed);
   if (warned_iteration_ == it) return;
