@@ -521,8 +521,9 @@ DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
  * Diagnostics. The library prints nothing unless something is wrong or it is asked to: warnings
  * (a stalled collective, see stall_warning_ms) go to the log callback, by default to stderr. The
  * environment variable DDP_DEBUG=INFO adds information: each context's plan when it is committed
- * and, every DDP_DEBUG_EVERY iterations (default 100), a one-line summary; DDP_DEBUG=OFF silences
- * the default's warnings too (the callback, if set, still gets them).
+ * and when the learned plan is adopted and, every DDP_DEBUG_EVERY iterations (default 100), a
+ * one-line summary; DDP_DEBUG=OFF (or NONE) silences the default's warnings too (the callback, if
+ * set, still gets them); WARN is the default. Any case; another value warns once and means WARN.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum ddp_log_level { DDP_LOG_WARN = 1, DDP_LOG_INFO = 2 } ddp_log_level_t;
 
