@@ -274,7 +274,9 @@ typedef struct ddp_config {
   /* ddp_unused_policy_t. */
   int unused_policy;
   /* If not NULL, each rank writes a Chrome trace of bucket events to this path, with ".rank<N>"
-   * inserted before the extension. The environment variable DDP_TIMELINE does the same. Copied. */
+   * inserted before the extension (array form, one event per line, flushed every iteration;
+   * timestamps in microseconds since the Unix epoch; tools/merge_timeline.py merges the ranks).
+   * The environment variable DDP_TIMELINE does the same. Copied. */
   const char* timeline_path;
   /* If set, every reduced bucket is scanned for NaN/Inf; ddp_stats_t.nonfinite_buckets counts them.
    * Values are never changed. */
@@ -550,8 +552,9 @@ DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
  * Diagnostics. The library prints nothing unless something is wrong or it is asked to: warnings
  * (a stalled collective, see stall_warning_ms) go to the log callback, by default to stderr. The
  * environment variable DDP_DEBUG=INFO adds information: each context's plan when it is committed
- * and, every DDP_DEBUG_EVERY iterations (default 100), a one-line summary; DDP_DEBUG=OFF silences
- * the default's warnings too (the callback, if set, still gets them).
+ * and when the learned plan is adopted and, every DDP_DEBUG_EVERY iterations (default 100), a
+ * one-line summary; DDP_DEBUG=OFF (or NONE) silences the default's warnings too (the callback, if
+ * set, still gets them); WARN is the default. Any case; another value warns once and means WARN.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum ddp_log_level { DDP_LOG_WARN = 1, DDP_LOG_INFO = 2 } ddp_log_level_t;
 

@@ -4,8 +4,9 @@
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
 #   make bench                the five benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
 # Knobs: DEMO_NP (2), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
-# A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace:
-# open in chrome://tracing or ui.perfetto.dev).
+# A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace,
+# microseconds since the epoch); tools/merge_timeline.py -o /tmp/t.merged.json /tmp/t.json merges the
+# ranks into one trace to open in ui.perfetto.dev or chrome://tracing (docs/api.md, "The timeline").
 DEMO_NP   ?= 2
 DEMO_ARGS ?=
 EXAMPLE_CFLAGS ?= -O3 -march=native -ffast-math

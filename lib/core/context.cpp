@@ -29,7 +29,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   }
   device_ = comm.make_device();
   for (int i = 0; i < cfg_.c.num_streams; ++i) streams_.push_back(device_->make_stream(i));
-  if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_));
+  if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_, cfg_.c.num_streams));
   stall_ms_ = cfg_.c.stall_warning_ms > 0 ? cfg_.c.stall_warning_ms : 60000;
   if (cfg_.c.timeout_ms > 0 && stall_ms_ >= cfg_.c.timeout_ms) stall_ms_ = 0;  // the timeout comes first
   for (int i = 0; i < cfg_.c.num_streams; ++i)
@@ -67,6 +67,7 @@ void Context::abort(const Error& e) {
   if (reducer_) reducer_->cancel();
   for (Comm* c : comms_) c->abort();
   ctrl_->abort();
+  if (timeline_) timeline_->flush();  // what led here is on disk even if the process never destroys the context
 }
 
 void Context::check_index(int index) const {

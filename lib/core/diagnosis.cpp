@@ -77,6 +77,7 @@ std::string Context::picture(int64_t wait_ms) {
 
 // Once per wait: every stream's waiting bucket would report the same stall.
 void Context::stall_warning(int stream) {
+  if (timeline_) timeline_->flush();  // a hang is often ended by a kill: its iteration so far goes to disk
   if (!log_enabled(DDP_LOG_WARN)) return;
   const int64_t it = counters_.iteration.load(std::memory_order_relaxed);
   if (warned_iteration_ == it) return;
@@ -92,11 +93,13 @@ void Context::stall_warning(int stream) {
 void Context::log_plan() {
   if (!log_enabled(DDP_LOG_INFO) || !reducer_) return;
   const Plan& p = reducer_->plan();
-  log(DDP_LOG_INFO, "rank %d: plan of %zu grads in %zu buckets (%s, %s layout)", rank_, specs_.size(), p.buckets.size(),
-      p.learned        ? "learned"
+  // The learned plan is adopted in ddp_finish_backward of the first synced iteration, before it counts.
+  const std::string order =
+      p.learned ? format("learned from the ready order of iteration %llu", static_cast<unsigned long long>(iterations_))
       : cfg_.learned() ? "registration order until learned"
-                       : "registration",
-      cfg_.arena() ? "arena" : "copy");
+                       : "registration";
+  log(DDP_LOG_INFO, "rank %d: plan of %zu grads in %zu buckets (%s, %s layout)", rank_, specs_.size(), p.buckets.size(),
+      order.c_str(), cfg_.arena() ? "arena" : "copy");
   for (size_t b = 0; b < p.buckets.size(); ++b) {
     const Bucket& bk = p.buckets[b];
     log(DDP_LOG_INFO, "rank %d:   bucket %zu: %zu grads, %zu elements of %s (wire %s), stream %d", rank_, b,

@@ -58,6 +58,7 @@ void Context::learn_plan() {
   std::vector<int> unready;
   reducer_->unready_grads(&unready);
   reducer_->adopt(std::move(adopted), user_ptrs_);
+  log_plan();  // DDP_DEBUG=INFO: the plan every later iteration uses
   if (cfg_.arena()) ++layout_epoch_;
   reducer_->begin(user_stream_, iterations_);
   std::vector<char> skip(specs_.size(), 0);

@@ -1,5 +1,6 @@
 #include "core/log.hpp"
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -11,17 +12,31 @@ namespace ddp {
 
 namespace {
 
-enum class Debug { Default, Off, Info };
+struct DebugSetting {
+  DebugLevel level = DebugLevel::Warn;
+  bool known = true;
+  std::string value;
+};
 
-Debug debug_level() {
-  static const Debug level = [] {
+const DebugSetting& debug_setting() {
+  static const DebugSetting s = [] {
+    DebugSetting d;
     const char* v = std::getenv("DDP_DEBUG");
-    if (!v || !*v) return Debug::Default;
-    if (!strcasecmp(v, "INFO")) return Debug::Info;
-    if (!strcasecmp(v, "OFF") || !strcasecmp(v, "NONE")) return Debug::Off;
-    return Debug::Default;  // WARN, or anything else: warnings only
+    d.known = parse_debug_level(v, &d.level);
+    if (v) d.value = v;
+    return d;
   }();
-  return level;
+  return s;
+}
+
+std::atomic<bool> g_unknown_warned{false};
+
+// DDP_DEBUG's level. The first call with a value the library does not know warns, once per process
+// (after the setting is made: the warning itself asks for the level).
+DebugLevel debug_level() {
+  const DebugSetting& s = debug_setting();
+  if (!s.known && !g_unknown_warned.exchange(true)) log(DDP_LOG_WARN, "%s", unknown_debug_message(s.value).c_str());
+  return s.level;
 }
 
 std::mutex g_mu;  // one message at a time, and the callback with it
@@ -30,6 +45,26 @@ void* g_user = nullptr;
 
 }  // namespace
 
+bool parse_debug_level(const char* value, DebugLevel* level) {
+  *level = DebugLevel::Warn;
+  if (!value || !*value) return true;
+  if (!strcasecmp(value, "INFO")) {
+    *level = DebugLevel::Info;
+  } else if (!strcasecmp(value, "OFF") || !strcasecmp(value, "NONE")) {
+    *level = DebugLevel::Off;
+  } else if (strcasecmp(value, "WARN") && strcasecmp(value, "WARNING")) {
+    return false;
+  }
+  return true;
+}
+
+std::string unknown_debug_message(const std::string& value) {
+  return "DDP_DEBUG='" + value +
+         "' is not a value libddp knows, so it logs warnings only (the default). Accepted, in any case: "
+         "INFO (warnings, each plan, a summary every DDP_DEBUG_EVERY iterations), WARN or WARNING (warnings "
+         "only), OFF or NONE (nothing on stderr; a log callback still gets warnings)";
+}
+
 void set_log_callback(ddp_log_fn fn, void* user) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_fn = fn;
@@ -37,12 +72,13 @@ void set_log_callback(ddp_log_fn fn, void* user) {
 }
 
 bool log_enabled(ddp_log_level_t level) {
+  const DebugLevel d = debug_level();  // outside the lock: it may log the unknown-value warning
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_fn) return level == DDP_LOG_WARN || debug_level() == Debug::Info;
+    if (g_fn) return level == DDP_LOG_WARN || d == DebugLevel::Info;
   }
-  if (level == DDP_LOG_INFO) return debug_level() == Debug::Info;
-  return debug_level() != Debug::Off;
+  if (level == DDP_LOG_INFO) return d == DebugLevel::Info;
+  return d != DebugLevel::Off;
 }
 
 void log(ddp_log_level_t level, const char* fmt, ...) {

@@ -1,5 +1,6 @@
 #include "core/timeline.hpp"
 
+#include <chrono>
 #include <cinttypes>
 
 #include "core/common.hpp"
@@ -14,27 +15,54 @@ std::string timeline_rank_path(const std::string& path, int rank) {
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 
-Timeline::Timeline(const std::string& path, int rank) : path_(timeline_rank_path(path, rank)), rank_(rank) {
+static uint64_t epoch_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+Timeline::Timeline(const std::string& path, int rank, int num_streams)
+    : path_(timeline_rank_path(path, rank)), rank_(rank) {
   file_ = std::fopen(path_.c_str(), "w");
   if (!file_) fail(DDP_ERR_INVALID_ARGUMENT, "cannot write the timeline file '%s'", path_.c_str());
-  origin_ns_ = now_ns();
+  steady_origin_ns_ = now_ns();
+  epoch_origin_ns_ = epoch_ns();
   events_.reserve(4096);
-  std::fprintf(file_, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-  std::fprintf(file_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
-               rank_);
-  std::fprintf(
-      file_,
-      ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"backward (grad ready)\"}}",
-      rank_);
-  first_ = false;
+  std::fputs("[", file_);
+  metadata("process_name", -1, format("rank %d", rank_), rank_);
+  metadata("thread_name", 0, "trainer", 0);
+  for (int s = 0; s < num_streams; ++s) metadata("thread_name", 1 + s, format("stream %d", s), 1 + s);
+  std::fflush(file_);
 }
 
 Timeline::~Timeline() {
   flush();
   if (file_) {
-    std::fprintf(file_, "\n]}\n");
+    std::fputs("\n]\n", file_);
     std::fclose(file_);
   }
+}
+
+void Timeline::next_line() {
+  std::fputs(first_ ? "\n" : ",\n", file_);
+  first_ = false;
+}
+
+// A metadata event: the name of the process (tid < 0) or of one of its threads, and its place in the
+// viewer's order.
+void Timeline::metadata(const char* what, int tid, const std::string& name, int sort_index) {
+  const bool process = tid < 0;
+  const std::string at = process ? format("\"pid\":%d", rank_) : format("\"pid\":%d,\"tid\":%d", rank_, tid);
+  next_line();
+  std::fprintf(file_, "{\"name\":\"%s\",\"ph\":\"M\",%s,\"args\":{\"name\":\"%s\"}}", what, at.c_str(), name.c_str());
+  next_line();
+  std::fprintf(file_, "{\"name\":\"%s\",\"ph\":\"M\",%s,\"args\":{\"sort_index\":%d}}",
+               process ? "process_sort_index" : "thread_sort_index", at.c_str(), sort_index);
+}
+
+std::string Timeline::us(uint64_t steady_ns) const {
+  const uint64_t t = epoch_origin_ns_ + (steady_ns > steady_origin_ns_ ? steady_ns - steady_origin_ns_ : 0);
+  return format("%" PRIu64 ".%03u", t / 1000, static_cast<unsigned>(t % 1000));
 }
 
 void Timeline::grad_ready(int grad, uint64_t t_ns) {
@@ -53,39 +81,34 @@ void Timeline::iteration(uint64_t iteration, uint64_t begin_ns, uint64_t end_ns)
   events_.push_back(Event{'i', 0, 0, 0, iteration, begin_ns, end_ns, 0, 0, 0});
 }
 
-static double us(uint64_t t, uint64_t origin) { return t > origin ? static_cast<double>(t - origin) / 1000.0 : 0.0; }
+static double dur_us(uint64_t from, uint64_t to) { return to > from ? static_cast<double>(to - from) / 1000.0 : 0.0; }
 
 void Timeline::write(const Event& e) {
-  const char* sep = first_ ? "" : ",\n";
-  first_ = false;
+  next_line();
   switch (e.kind) {
     case 'g':
       std::fprintf(
           file_,
-          "%s{\"name\":\"grad %d ready\",\"cat\":\"grad\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,\"tid\":0,\"ts\":%.3f}",
-          sep, e.id, rank_, us(e.t0, origin_ns_));
+          "{\"name\":\"grad %d ready\",\"cat\":\"grad\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,\"tid\":0,\"ts\":%s}", e.id,
+          rank_, us(e.t0).c_str());
       break;
-    case 'b': {
+    case 'b':
       // One span from launch to done; the args keep when it became ready and when its work started.
-      double ts = us(e.t1, origin_ns_), end = us(e.t3, origin_ns_);
       std::fprintf(file_,
-                   "%s{\"name\":\"bucket %d\",\"cat\":\"bucket\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                   "{\"name\":\"bucket %d\",\"cat\":\"bucket\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%s,"
                    "\"dur\":%.3f,\"args\":{\"iteration\":%" PRIu64
-                   ",\"ready_us\":%.3f,\"launch_us\":%.3f,"
-                   "\"start_us\":%.3f,\"done_us\":%.3f,\"grads\":%d,\"bytes\":%" PRIu64 "}}",
-                   sep, e.id, rank_, e.stream + 1, ts, end > ts ? end - ts : 0.0, e.iteration, us(e.t0, origin_ns_), ts,
-                   us(e.t2, origin_ns_), end, e.num_grads, e.bytes);
+                   ",\"ready_us\":%s,\"launch_us\":%s,"
+                   "\"start_us\":%s,\"done_us\":%s,\"grads\":%d,\"bytes\":%" PRIu64 "}}",
+                   e.id, rank_, e.stream + 1, us(e.t1).c_str(), dur_us(e.t1, e.t3), e.iteration, us(e.t0).c_str(),
+                   us(e.t1).c_str(), us(e.t2).c_str(), us(e.t3).c_str(), e.num_grads, e.bytes);
       break;
-    }
-    case 'i': {
-      double ts = us(e.t0, origin_ns_), end = us(e.t1, origin_ns_);
+    case 'i':
       std::fprintf(file_,
-                   "%s{\"name\":\"iteration %" PRIu64
+                   "{\"name\":\"iteration %" PRIu64
                    "\",\"cat\":\"iteration\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,"
-                   "\"ts\":%.3f,\"dur\":%.3f}",
-                   sep, e.iteration, rank_, ts, end > ts ? end - ts : 0.0);
+                   "\"ts\":%s,\"dur\":%.3f}",
+                   e.iteration, rank_, us(e.t0).c_str(), dur_us(e.t0, e.t1));
       break;
-    }
   }
 }
 

@@ -33,6 +33,7 @@ import torch
 
 from . import _lib as L
 from .core import DDP, Comm, dtype_code
+from .errors import DDPError
 
 __all__ = ["DistributedDataParallel", "ShardedOptimizer", "default_comm"]
 
@@ -181,7 +182,10 @@ class DistributedDataParallel(torch.nn.Module):
             else:
                 buf = (self._scratch.data_ptr(), p.numel(), p.dtype)
             self.ddp.register(buf, numel=p.numel(), dtype=p.dtype, trigger=id(p) in triggers, device=self._cuda)
-        self.ddp.commit()
+        try:
+            self.ddp.commit()
+        except DDPError as e:  # ranks that registered different parameters
+            raise _with_param_names(e, self) from None
         self._h = self.ddp._h
         self._views = [None] * len(self._params)
         self._epoch = None
@@ -302,14 +306,17 @@ class DistributedDataParallel(torch.nn.Module):
                     self._queued = True
                     torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             p = self._params[i]
-            if self.arena:
-                self._adopt_grad(i)
-                L.lib.ddp_grad_ready(self._h, self._base + i)
-            else:
-                g = p.grad
-                if not g.is_contiguous():
-                    g = p.grad = g.contiguous()
-                L.lib.ddp_grad_ready_ptr(self._h, self._base + i, g.data_ptr())
+            try:
+                if self.arena:
+                    self._adopt_grad(i)
+                    L.lib.ddp_grad_ready(self._h, self._base + i)
+                else:
+                    g = p.grad
+                    if not g.is_contiguous():
+                        g = p.grad = g.contiguous()
+                    L.lib.ddp_grad_ready_ptr(self._h, self._base + i, g.data_ptr())
+            except DDPError as e:
+                raise _with_param_names(e, self) from None
             self._marked[i] = True
         return hook
 
@@ -383,7 +390,10 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             self._give_storage_to_unused()
         self._in_backward = False
-        self.ddp.finish_backward(self._stream())
+        try:
+            self.ddp.finish_backward(self._stream())
+        except DDPError as e:
+            raise _with_param_names(e, self) from None
         if self.arena and self.ddp.stats.layout_epoch != self._epoch:
             self._bind_views()
         self._settle_unused(saved)
@@ -450,6 +460,51 @@ class DistributedDataParallel(torch.nn.Module):
                     p.data = p.data.clone()
         self._views = [None] * len(self._params)
         self.ddp.close()
+
+
+def _param_names(model):
+    """The library's grad index -> the parameter's name in the wrapped module (as named_parameters()
+    gives it: "b.weight"); with find_unused_parameters, grad 0 is the usage map."""
+    by_id = {}
+    for name, p in model.module.named_parameters():
+        by_id.setdefault(id(p), name)
+    names = {model._base + i: by_id.get(id(p), "parameter %d" % i) for i, p in enumerate(model._params)}
+    if model._base:
+        names[0] = "(the usage map of find_unused_parameters)"
+    return names
+
+
+_UNUSED_HINT = ("If a forward pass may leave some parameters out of the loss, wrap the model with "
+                "DistributedDataParallel(model, find_unused_parameters=True) (as torch.nn.parallel."
+                "DistributedDataParallel wants too); otherwise make every parameter take part in the loss")
+
+
+def _with_param_names(err, model):
+    """The library's error `err` (of a DDPError class), its grad indices turned into parameter names:
+    the same class, a message for a torch user. Grads that were never marked ready name the torch fix."""
+    import re
+
+    names = _param_names(model)
+    msg = err.message
+
+    def name(i):
+        return names.get(int(i), "grad %s" % i)
+
+    def unused_list(m):  # "rank 1: grads 2, 3 and 4 more" -> "rank 1: b.weight, b.bias and 4 more"
+        return "rank %s: %s%s" % (m.group(1), ", ".join(name(i) for i in m.group(2).split(", ")), m.group(3) or "")
+
+    head, sep, body = msg.partition("grads never marked ready in this iteration (reduced as zeros): ")
+    if not sep:  # any other message: each "grad N" gets its name
+        text = re.sub(r"\bgrad (\d+)\b", lambda m: "grad %s (%s)" % (m.group(1), name(m.group(1))), msg)
+        return type(err)("libddp.torch: " + text, err.status)
+    lists = body.split(". ", 1)[0]
+    named = re.sub(r"rank (\d+): grads? (\d+(?:, \d+)*)( and \d+ more)?", unused_list, lists)
+    mine = [name(model._base + i) for i, done in enumerate(model._marked) if not done]
+    text = "libddp.torch: parameters that got no grad in this backward pass (reduced as zeros): %s." % named
+    if " more" in named and mine:
+        text += " All of this rank's: %s." % ", ".join(mine)
+    text += " %s. (%s%s)" % (_UNUSED_HINT, head, sep + body)
+    return type(err)(text, err.status)
 
 
 class ShardedOptimizer:

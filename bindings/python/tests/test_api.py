@@ -238,6 +238,66 @@ def test_ddp_debug_info_prints_the_plan_and_summaries_and_nothing_otherwise(debu
         assert err.count("libddp info: rank 0: iteration") == 2, err  # iterations 2 and 4
 
 
+_LEARNED_SCRIPT = """
+import numpy as np, libddp
+lines = []
+libddp.set_log_callback(lambda level, message: lines.append((level, message)))
+with libddp.Comm.self() as c, libddp.DDP(c, message_size=10) as d:
+    grads = [np.ones(8, dtype=np.float32) for _ in range(3)]
+    idx = [d.register(g) for g in grads]
+    for _ in range(3):
+        with d.backward():
+            for i in reversed(idx):
+                d.grad_ready(i)
+libddp.set_log_callback(None)
+for level, message in lines:
+    print(level, message)
+"""
+
+
+def _run_child(script, debug):
+    import subprocess
+    from conftest import PYTHON, CHILD_PATH
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
+    env.pop("DDP_DEBUG", None)
+    if debug is not None:
+        env["DDP_DEBUG"] = debug
+    p = subprocess.run([PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.decode(), p.stderr.decode()
+
+
+@pytest.mark.parametrize("debug", ["INFO", "info"])
+def test_ddp_debug_info_logs_the_learned_plan_when_it_is_adopted(debug):
+    out, err = _run_child(_LEARNED_SCRIPT, debug)
+    plans = [ln for ln in out.splitlines() if ": plan of 3 grads" in ln]
+    assert len(plans) == 2, out  # the committed plan, then the learned one (adopted once)
+    assert "registration order until learned" in plans[0], plans
+    assert "learned from the ready order of iteration 0" in plans[1], plans
+    assert err == "", err  # with a callback set the library prints nothing
+
+
+@pytest.mark.parametrize("value", ["verbose", "DEBUG", "1"])
+def test_ddp_debug_unknown_value_warns_once_naming_the_accepted_values(value):
+    two = _DEBUG_SCRIPT + _DEBUG_SCRIPT  # two contexts: still one warning
+    out, err = _run_child(two, value)
+    assert out == ""
+    warns = [ln for ln in err.splitlines() if ln.startswith("libddp warning: DDP_DEBUG='%s'" % value)]
+    assert len(warns) == 1 and len(err.splitlines()) == 1, err
+    for accepted in ("INFO", "WARN", "OFF", "NONE", "any case"):
+        assert accepted in warns[0], warns
+    # through the callback when one is set, as every warning
+    out, err = _run_child(_LEARNED_SCRIPT, value)
+    assert err == "" and out.count("DDP_DEBUG='%s' is not a value libddp knows" % value) == 1, (out, err)
+    assert "plan of" not in out  # warnings only
+
+
+@pytest.mark.parametrize("value", ["WARN", "warning", "off", "NONE", ""])
+def test_ddp_debug_known_values_do_not_warn(value):
+    out, err = _run_child(_DEBUG_SCRIPT, value)
+    assert out == "" and err == "", err
+
+
 def test_sharded_context_on_one_rank():
     """The shard views and calls of a sharded context; misuse raises with the library's message."""
     comm = libddp.Comm.self()

@@ -134,3 +134,95 @@ def test_default_comm_bootstraps_nccl_through_torch_distributed(monkeypatch):
     finally:
         dist.destroy_process_group()
     assert made == {"uid": b"\x07" * 128, "nranks": 1, "rank": 0, "device": 3}
+
+
+class Branches(torch.nn.Module):
+    """Two branches; forward uses `b` only when asked (an unused branch otherwise)."""
+
+    def __init__(self, width=6, extra=0):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(5, 2), torch.nn.Linear(5, width)
+        self.more = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(extra))
+        self.use_b = False
+
+    def forward(self, x):
+        y = self.a(x).sum()
+        return y + self.b(x).sum() if self.use_b else y
+
+
+@pytest.mark.parametrize("layout", ["copy", "arena"])
+def test_unused_parameters_error_names_them_and_the_torch_fix(layout):
+    with libddp.Comm.self() as c:
+        model = ltorch.DistributedDataParallel(Branches(), c, layout=layout)
+        with pytest.raises(libddp.InvalidStateError) as info:
+            model(torch.randn(2, 5)).backward()
+        text = str(info.value)
+        assert info.value.message == text and info.value.status == libddp.errors.INVALID_STATE
+        assert "rank 0: b.weight, b.bias." in text, text
+        assert "find_unused_parameters=True" in text, text
+        assert "a.weight" not in text and "a.bias" not in text, text
+        assert "rank 0: grads 2, 3" in text, text  # the library's own words stay, at the end
+        model.module.use_b = True  # every parameter used: no error, and the context goes on
+        model(torch.randn(2, 5)).backward()
+        assert model.stats.iterations == 2
+        model.close()
+
+
+def test_unused_parameters_error_names_every_one_of_this_rank_past_the_library_six():
+    with libddp.Comm.self() as c:
+        model = ltorch.DistributedDataParallel(Branches(extra=3), c)  # b and more.*: 8 unused
+        with pytest.raises(libddp.InvalidStateError) as info:
+            model(torch.randn(2, 5)).backward()
+        text = str(info.value)
+        assert "and 2 more" in text, text
+        unused = ["b.weight", "b.bias"] + ["more.%d.%s" % (k, w) for k in range(3) for w in ("weight", "bias")]
+        assert "All of this rank's: %s." % ", ".join(unused) in text, text
+        model.close()
+
+
+def _on_local_ranks(n, fn):
+    """Runs fn(rank, comm) on n in-process ranks (threads); returns each rank's result or exception."""
+    import threading
+    group = libddp.LocalGroup(n)
+    out = [None] * n
+
+    def run(r):
+        try:
+            with group.comm(r) as c:
+                out[r] = fn(r, c)
+        except Exception as e:  # noqa: BLE001 - handed back to the test
+            out[r] = e
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    group.close()
+    return out
+
+
+def test_unused_on_one_rank_is_named_on_every_rank():
+    def step(rank, c):
+        m = Branches()
+        m.use_b = rank == 0  # rank 1 leaves b unused
+        model = ltorch.DistributedDataParallel(m, c, timeout_ms=20000)
+        try:
+            model(torch.randn(2, 5)).backward()
+        finally:
+            model.close()
+
+    errs = _on_local_ranks(2, step)
+    for e in errs:
+        assert isinstance(e, libddp.InvalidStateError), errs
+        assert "rank 1: b.weight, b.bias." in str(e) and "rank 0:" not in str(e).split(" (")[0], str(e)
+        assert "find_unused_parameters=True" in str(e)
+
+
+def test_registration_mismatch_names_the_parameter():
+    def make_model(rank, c):
+        m = Branches(width=6 + rank)  # rank 1's b is wider
+        ltorch.DistributedDataParallel(m, c, broadcast_parameters=False, timeout_ms=20000).close()
+
+    errs = _on_local_ranks(2, make_model)
+    for e in errs:
+        assert isinstance(e, libddp.MismatchError), errs
+        assert "grad 2 (b.weight)" in str(e), str(e)

@@ -1,6 +1,34 @@
 //! Safe Rust API over libddp. `Comm` and `Ddp` own their handles (`Drop` destroys them); every call
-//! returns `Result<_, Error>` carrying the library's status and message. Host grads are borrowed
-//! mutable slices (the borrow lasts as long as the `Ddp`); device grads go through `unsafe` pointers.
+//! returns `Result<_, Error>` carrying the library's status and message. Host grads live in the
+//! context: `Ddp::register` returns a `Grad<T>` handle (an index and a type, `Copy`), and
+//! `Ddp::grad_mut` lends the grad's slice for one statement at a time, so a training loop writes a
+//! grad and marks it ready in turn. Device grads go through `unsafe` pointers.
+//!
+//! ```no_run
+//! use libddp::{Comm, Config, Ddp};
+//!
+//! fn main() -> Result<(), libddp::Error> {
+//!     let comm = Comm::mpi()?;
+//!     let mut ddp = Ddp::new(&comm, &Config::default())?;
+//!     let layers = [1000usize, 10, 500]; // each layer's grad
+//!     let grads = layers.iter().map(|&n| ddp.register::<f32>(n)).collect::<Result<Vec<_>, _>>()?;
+//!     for step in 0..10 {
+//!         ddp.begin_backward()?;
+//!         for g in grads.iter().rev() {
+//!             // backward: the last layer's grad is final first
+//!             for (i, x) in ddp.grad_mut(g)?.iter_mut().enumerate() {
+//!                 *x = (step * i) as f32;
+//!             }
+//!             ddp.grad_ready(g)?;
+//!         }
+//!         ddp.finish_backward()?; // every grad now holds the average over the ranks
+//!         let first = ddp.grad(&grads[0])?[0];
+//!         assert_eq!(first, 0.0);
+//!     }
+//!     Ok(())
+//! }
+//! ```
+use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
@@ -74,29 +102,29 @@ pub enum Dtype {
 /// A communicator.
 pub struct Comm {
     raw: sys::ddp_comm_t,
+    device: bool, // reduces device memory (NCCL): host slices of its grads would be wrong
 }
 
 // The library's communicators may be used from any thread.
 unsafe impl Send for Comm {}
 
 impl Comm {
+    fn make(device: bool, init: impl FnOnce(*mut sys::ddp_comm_t) -> sys::ddp_status_t) -> Result<Comm> {
+        let mut raw = ptr::null_mut();
+        check(init(&mut raw))?;
+        Ok(Comm { raw, device })
+    }
     /// Host memory over MPI_COMM_WORLD (libddp initializes MPI if needed). Collective.
     pub fn mpi() -> Result<Comm> {
-        let mut raw = ptr::null_mut();
-        check(unsafe { sys::ddp_comm_init_mpi(ptr::null(), &mut raw) })?;
-        Ok(Comm { raw })
+        Comm::make(false, |raw| unsafe { sys::ddp_comm_init_mpi(ptr::null(), raw) })
     }
     /// One rank, no MPI.
     pub fn single() -> Result<Comm> {
-        let mut raw = ptr::null_mut();
-        check(unsafe { sys::ddp_comm_init_self(&mut raw) })?;
-        Ok(Comm { raw })
+        Comm::make(false, |raw| unsafe { sys::ddp_comm_init_self(raw) })
     }
     /// Device memory over NCCL, with the id made on rank 0 of MPI_COMM_WORLD. Collective.
     pub fn nccl_mpi(cuda_device: i32) -> Result<Comm> {
-        let mut raw = ptr::null_mut();
-        check(unsafe { sys::ddp_comm_init_nccl_mpi(ptr::null(), cuda_device, &mut raw) })?;
-        Ok(Comm { raw })
+        Comm::make(true, |raw| unsafe { sys::ddp_comm_init_nccl_mpi(ptr::null(), cuda_device, raw) })
     }
     pub fn rank(&self) -> Result<i32> {
         let mut v: c_int = 0;
@@ -107,6 +135,10 @@ impl Comm {
         let mut v: c_int = 0;
         check(unsafe { sys::ddp_comm_size(self.raw, &mut v) })?;
         Ok(v)
+    }
+    /// Whether the communicator reduces device memory (NCCL).
+    pub fn is_device(&self) -> bool {
+        self.device
     }
     pub fn as_raw(&self) -> sys::ddp_comm_t {
         self.raw
@@ -166,17 +198,118 @@ impl Default for Config {
     }
 }
 
-/// One DDP context. `'g` is the lifetime of the host grads it borrows.
-pub struct Ddp<'g> {
-    raw: sys::ddp_t,
-    _grads: PhantomData<&'g mut [u8]>,
+/// A host grad registered with `Ddp::register`: its index in the context and its element type.
+/// A plain value (`Copy`): it borrows nothing, so a loop may hold every handle while it writes the
+/// grads through `Ddp::grad_mut`.
+pub struct Grad<T> {
+    index: i32,
+    numel: usize,
+    _type: PhantomData<fn() -> T>,
 }
 
-unsafe impl Send for Ddp<'_> {}
+impl<T> Grad<T> {
+    /// The grad's index in its context (what `ddp_register_grad` returned).
+    pub fn index(&self) -> i32 {
+        self.index
+    }
+    /// Its number of elements.
+    pub fn len(&self) -> usize {
+        self.numel
+    }
+    pub fn is_empty(&self) -> bool {
+        self.numel == 0
+    }
+}
 
-impl<'g> Ddp<'g> {
+impl<T> Clone for Grad<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Grad<T> {}
+impl<T> fmt::Debug for Grad<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Grad({}, {} elements)", self.index, self.numel)
+    }
+}
+
+/// What names a grad in `grad_ready`: a `Grad<T>` handle or a raw index (from `register_ptr`).
+pub trait GradIndex {
+    fn grad_index(&self) -> i32;
+}
+impl GradIndex for i32 {
+    fn grad_index(&self) -> i32 {
+        *self
+    }
+}
+impl<T> GradIndex for Grad<T> {
+    fn grad_index(&self) -> i32 {
+        self.index
+    }
+}
+impl<T> GradIndex for &Grad<T> {
+    fn grad_index(&self) -> i32 {
+        self.index
+    }
+}
+
+// One registered grad as this binding knows it. `owned`: the copy layout's storage of a grad
+// registered with `register`, made and freed here (8-byte words, aligned for f32 and f64); the library
+// holds a pointer to it, so it is only ever reached through raw pointers.
+struct Slot {
+    numel: usize,
+    dtype: sys::ddp_dtype_t,
+    owned: *mut u64,
+    words: usize,
+    ready: Cell<bool>, // marked ready in the backward pass in progress: the library may be reducing it
+}
+
+fn invalid(status: i32, message: String) -> Error {
+    Error { status, message }
+}
+
+fn dtype_name(d: sys::ddp_dtype_t) -> &'static str {
+    match d {
+        sys::DDP_F16 => "f16",
+        sys::DDP_BF16 => "bf16",
+        sys::DDP_F32 => "f32",
+        sys::DDP_F64 => "f64",
+        _ => "an unknown dtype",
+    }
+}
+
+// Zeroed storage for `numel` elements of `size` bytes, as 8-byte words; Err (not an abort) when it
+// cannot be had.
+fn zeroed_words(numel: usize, size: usize) -> Result<(*mut u64, usize)> {
+    let too_big = || invalid(sys::DDP_ERR_OUT_OF_MEMORY, format!("register: no memory for {numel} elements"));
+    let words = numel.checked_mul(size).ok_or_else(too_big)?.div_ceil(8).max(1);
+    let mut v: Vec<u64> = Vec::new();
+    v.try_reserve_exact(words).map_err(|_| too_big())?;
+    v.resize(words, 0);
+    Ok((Box::into_raw(v.into_boxed_slice()) as *mut u64, words))
+}
+
+/// One DDP context.
+///
+/// Host grads belong to the context: `register::<f32>(n)` makes one (zeros) and returns its handle;
+/// `grad_mut(&g)` and `grad(&g)` lend its elements. A grad marked ready in the backward pass in
+/// progress may be in the library's hands (its bucket is being reduced), so lending it then is an
+/// `Err` until `finish_backward` returns; so is any grad once a reduction failed (a timed-out
+/// collective may still touch it: drop the context).
+pub struct Ddp {
+    raw: sys::ddp_t,
+    slots: Vec<Slot>,
+    arena: bool,
+    device: bool,
+    in_backward: bool,
+    failed: Cell<bool>,
+}
+
+unsafe impl Send for Ddp {}
+
+impl Ddp {
     /// Makes a context over `comm` (duplicated: `comm` may be dropped afterwards). Collective.
-    pub fn new(comm: &Comm, config: &Config) -> Result<Ddp<'g>> {
+    pub fn new(comm: &Comm, config: &Config) -> Result<Ddp> {
         let mut c = std::mem::MaybeUninit::<sys::ddp_config_t>::uninit();
         check(unsafe { sys::ddp_config_init_sized(c.as_mut_ptr(), std::mem::size_of::<sys::ddp_config_t>()) })?;
         let mut c = unsafe { c.assume_init() };
@@ -196,24 +329,53 @@ impl<'g> Ddp<'g> {
         c.stall_warning_ms = config.stall_warning_ms;
         c.shard = config.shard as c_int;
         let path = match &config.timeline_path {
-            Some(p) => Some(CString::new(p.as_str()).map_err(|_| Error {
-                status: sys::DDP_ERR_INVALID_ARGUMENT,
-                message: "timeline_path holds a NUL byte".into(),
-            })?),
+            Some(p) => Some(
+                CString::new(p.as_str())
+                    .map_err(|_| invalid(sys::DDP_ERR_INVALID_ARGUMENT, "timeline_path holds a NUL byte".into()))?,
+            ),
             None => None,
         };
         c.timeline_path = path.as_ref().map_or(ptr::null(), |p| p.as_ptr()); // copied by ddp_create
         let mut raw = ptr::null_mut();
         check(unsafe { sys::ddp_create(comm.raw, &c, &mut raw) })?;
-        Ok(Ddp { raw, _grads: PhantomData })
+        Ok(Ddp {
+            raw,
+            slots: Vec::new(),
+            arena: config.arena,
+            device: comm.device,
+            in_backward: false,
+            failed: Cell::new(false),
+        })
     }
 
-    /// Registers a host grad (copy layout); returns its index. The slice stays borrowed while `self` lives.
-    pub fn register<T: Element>(&mut self, grad: &'g mut [T]) -> Result<i32> {
+    /// Registers a host grad of `numel` elements of `T`, zeros, owned by the context: in the copy layout
+    /// a buffer made here, in the arena layout the library's arena. Returns its handle; the elements are
+    /// `grad_mut(&g)` / `grad(&g)`. Only while registration is open (before `commit` or the first backward).
+    pub fn register<T: Element>(&mut self, numel: usize) -> Result<Grad<T>> {
+        if self.device {
+            return Err(invalid(
+                sys::DDP_ERR_INVALID_ARGUMENT,
+                "register: host grads on a device (NCCL) communicator; device grads go through register_ptr".into(),
+            ));
+        }
+        let (owned, words) =
+            if self.arena { (ptr::null_mut(), 0) } else { zeroed_words(numel, std::mem::size_of::<T>())? };
+        let index = match self.register_raw(owned as *mut c_void, numel, T::DTYPE, 0) {
+            Ok(i) => i,
+            Err(e) => {
+                if !owned.is_null() {
+                    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(owned, words)) });
+                }
+                return Err(e);
+            }
+        };
+        self.slots.push(Slot { numel, dtype: T::DTYPE, owned, words, ready: Cell::new(false) });
+        Ok(Grad { index, numel, _type: PhantomData })
+    }
+
+    fn register_raw(&mut self, grad: *mut c_void, numel: usize, dtype: sys::ddp_dtype_t, flags: u32) -> Result<i32> {
         let mut idx: c_int = 0;
-        check(unsafe {
-            sys::ddp_register_grad(self.raw, grad.as_mut_ptr() as *mut c_void, grad.len(), T::DTYPE, 0, &mut idx)
-        })?;
+        check(unsafe { sys::ddp_register_grad(self.raw, grad, numel, dtype, flags, &mut idx) })?;
         Ok(idx)
     }
 
@@ -223,9 +385,15 @@ impl<'g> Ddp<'g> {
     /// `grad` must hold `numel` elements of `dtype` in the comm's memory kind and stay valid (and not be
     /// written during reduction) while the context uses it.
     pub unsafe fn register_ptr(&mut self, grad: *mut c_void, numel: usize, dtype: Dtype, trigger: bool) -> Result<i32> {
-        let mut idx: c_int = 0;
         let flags = if trigger { sys::DDP_GRAD_TRIGGER } else { 0 };
-        check(sys::ddp_register_grad(self.raw, grad, numel, dtype as c_int, flags, &mut idx))?;
+        let idx = self.register_raw(grad, numel, dtype as c_int, flags)?;
+        self.slots.push(Slot {
+            numel,
+            dtype: dtype as c_int,
+            owned: ptr::null_mut(),
+            words: 0,
+            ready: Cell::new(false),
+        });
         Ok(idx)
     }
 
@@ -235,40 +403,136 @@ impl<'g> Ddp<'g> {
     }
     /// Where grad `index` lives (the library's view in the arena layout).
     pub fn grad_ptr(&mut self, index: i32) -> Result<*mut c_void> {
+        self.raw_ptr(index)
+    }
+    fn raw_ptr(&self, index: i32) -> Result<*mut c_void> {
         let mut p = ptr::null_mut();
         check(unsafe { sys::ddp_grad_ptr(self.raw, index, &mut p) })?;
         Ok(p)
     }
-    /// Host memory in the arena layout: grad `index` as a slice of `T` with `numel` elements.
+
+    // The slot of `index` if its host elements may be lent now as `numel` elements of `T`.
+    fn lendable<T: Element>(&self, what: &str, index: i32, numel: usize) -> Result<&Slot> {
+        let bad = |m: String| Err(invalid(sys::DDP_ERR_INVALID_ARGUMENT, format!("{what}: {m}")));
+        let slot = match usize::try_from(index).ok().and_then(|i| self.slots.get(i)) {
+            Some(s) => s,
+            None => return bad(format!("grad index {index} out of range ({} grads registered)", self.slots.len())),
+        };
+        if slot.dtype != T::DTYPE {
+            return bad(format!(
+                "grad {index} holds {}, not the {} asked for",
+                dtype_name(slot.dtype),
+                dtype_name(T::DTYPE)
+            ));
+        }
+        if numel > slot.numel {
+            return bad(format!("{numel} elements asked of grad {index}, which has {}", slot.numel));
+        }
+        if self.device {
+            return bad("the grads of a device (NCCL) communicator are not host memory".into());
+        }
+        if self.failed.get() {
+            let m = format!("{what}: a reduction failed; its collectives may still use the grads: drop the context");
+            return Err(invalid(sys::DDP_ERR_ABORTED, m));
+        }
+        if self.in_backward && slot.ready.get() {
+            let m = format!("{what}: grad {index} is marked ready and may be being reduced until finish_backward");
+            return Err(invalid(sys::DDP_ERR_INVALID_STATE, m));
+        }
+        Ok(slot)
+    }
+
+    fn host_ptr<T: Element>(&self, what: &str, index: i32, numel: usize) -> Result<*mut T> {
+        let slot = self.lendable::<T>(what, index, numel)?;
+        if !slot.owned.is_null() {
+            return Ok(slot.owned as *mut T);
+        }
+        if !self.arena {
+            let m = format!("{what}: grad {index} is the caller's memory (register_ptr), not the context's");
+            return Err(invalid(sys::DDP_ERR_INVALID_STATE, m));
+        }
+        Ok(self.raw_ptr(index)? as *mut T) // the arena moves once, with the learned plan: asked every time
+    }
+
+    /// The elements of grad `g`, to write (the backward pass's result, or zeros). The borrow lasts as
+    /// long as the returned slice; `Err` while the grad is marked ready in a backward pass in progress.
+    /// The first call in the arena layout closes registration (collective).
+    pub fn grad_mut<T: Element>(&mut self, g: &Grad<T>) -> Result<&mut [T]> {
+        let p = self.host_ptr::<T>("grad_mut", g.index, g.numel)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, g.numel) })
+    }
+    /// The elements of grad `g` (after `finish_backward`, the reduced values).
+    pub fn grad<T: Element>(&self, g: &Grad<T>) -> Result<&[T]> {
+        let p = self.host_ptr::<T>("grad", g.index, g.numel)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, g.numel) })
+    }
+    /// Host memory in the arena layout: the first `numel` elements of grad `index` (registered with
+    /// `register_ptr(NULL, ...)`) as a slice of `T`. `Err` if `numel` exceeds the registered length, `T`
+    /// is not the registered dtype, the layout is not the arena, or the grad may be being reduced.
     pub fn arena_slice<T: Element>(&mut self, index: i32, numel: usize) -> Result<&mut [T]> {
-        let p = self.grad_ptr(index)?;
-        Ok(unsafe { std::slice::from_raw_parts_mut(p as *mut T, numel) })
+        if !self.arena {
+            let m = "arena_slice: the context is not in the arena layout (use grad_mut)".to_string();
+            return Err(invalid(sys::DDP_ERR_INVALID_STATE, m));
+        }
+        let p = self.host_ptr::<T>("arena_slice", index, numel)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, numel) })
     }
     pub fn begin_backward(&mut self) -> Result<()> {
-        check(unsafe { sys::ddp_begin_backward(self.raw, ptr::null_mut()) })
+        check(unsafe { sys::ddp_begin_backward(self.raw, ptr::null_mut()) })?;
+        self.started();
+        Ok(())
     }
     /// # Safety
     /// `stream` must be a valid cudaStream_t of the comm's device (or NULL).
     pub unsafe fn begin_backward_on(&mut self, stream: *mut c_void) -> Result<()> {
-        check(sys::ddp_begin_backward(self.raw, stream))
+        check(sys::ddp_begin_backward(self.raw, stream))?;
+        self.started();
+        Ok(())
     }
-    /// The hook: grad `index` is final for this iteration. Thread-safe in the library; `&self` here.
-    pub fn grad_ready(&self, index: i32) -> Result<()> {
-        check(unsafe { sys::ddp_grad_ready(self.raw, index) })
+    fn started(&mut self) {
+        self.in_backward = true;
+        for s in &self.slots {
+            s.ready.set(false);
+        }
+    }
+    /// The hook: grad `g` (a `Grad` handle or an index) is final for this iteration; until
+    /// `finish_backward` the library may be reducing it. Thread-safe in the library; `&self` here.
+    pub fn grad_ready(&self, g: impl GradIndex) -> Result<()> {
+        let index = g.grad_index();
+        self.settle(check(unsafe { sys::ddp_grad_ready(self.raw, index) }))?;
+        if let Some(s) = usize::try_from(index).ok().and_then(|i| self.slots.get(i)) {
+            s.ready.set(true);
+        }
+        Ok(())
+    }
+    // A fatal error leaves collectives that may still touch the grads; a refused call leaves none.
+    fn settle(&self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            let refused = [sys::DDP_ERR_INVALID_ARGUMENT, sys::DDP_ERR_INVALID_STATE, sys::DDP_ERR_UNSUPPORTED];
+            if !refused.contains(&e.status) {
+                self.failed.set(true);
+            }
+        }
+        r
     }
     pub fn finish_backward(&mut self) -> Result<()> {
-        check(unsafe { sys::ddp_finish_backward(self.raw, ptr::null_mut()) })
+        let r = check(unsafe { sys::ddp_finish_backward(self.raw, ptr::null_mut()) });
+        self.in_backward = false;
+        self.settle(r)
     }
     /// # Safety
     /// As `begin_backward_on`.
     pub unsafe fn finish_backward_on(&mut self, stream: *mut c_void) -> Result<()> {
-        check(sys::ddp_finish_backward(self.raw, stream))
+        let r = check(sys::ddp_finish_backward(self.raw, stream));
+        self.in_backward = false;
+        self.settle(r)
     }
     pub fn set_sync(&mut self, enabled: bool) -> Result<()> {
         check(unsafe { sys::ddp_set_sync(self.raw, enabled as c_int) })
     }
     pub fn reduce_all(&mut self) -> Result<()> {
-        check(unsafe { sys::ddp_reduce_all(self.raw, ptr::null_mut()) })
+        let r = check(unsafe { sys::ddp_reduce_all(self.raw, ptr::null_mut()) });
+        self.settle(r)
     }
     /// Broadcasts `buf` from `root`. Collective.
     pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: i32) -> Result<()> {
@@ -305,8 +569,13 @@ impl<'g> Ddp<'g> {
     }
 }
 
-impl Drop for Ddp<'_> {
+impl Drop for Ddp {
     fn drop(&mut self) {
-        unsafe { sys::ddp_destroy(self.raw) };
+        unsafe { sys::ddp_destroy(self.raw) }; // waits for the context's work: then the buffers may go
+        for s in &self.slots {
+            if !s.owned.is_null() {
+                drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(s.owned, s.words)) });
+            }
+        }
     }
 }

@@ -5,28 +5,72 @@ use libddp::{sys, Comm, Config, Ddp, Dtype};
 fn misuse_returns_err_with_status() {
     let comm = Comm::single().unwrap();
     assert_eq!((comm.rank().unwrap(), comm.size().unwrap()), (0, 1));
-    let mut g = vec![1f32; 8];
     let mut ddp = Ddp::new(&comm, &Config::default()).unwrap();
-    let i = ddp.register(g.as_mut_slice()).unwrap();
-    let e = ddp.grad_ready(i).unwrap_err();
+    let g = ddp.register::<f32>(8).unwrap();
+    ddp.grad_mut(&g).unwrap().fill(1.0);
+    let e = ddp.grad_ready(g).unwrap_err();
     assert_eq!(e.status, sys::DDP_ERR_INVALID_STATE);
     assert!(e.message.contains("no backward pass in progress"), "{}", e.message);
     assert_eq!(e.status_text(), "call not valid in the current state");
     ddp.begin_backward().unwrap();
     assert_eq!(ddp.begin_backward().unwrap_err().status, sys::DDP_ERR_INVALID_STATE);
-    ddp.grad_ready(i).unwrap();
-    assert_eq!(ddp.grad_ready(i).unwrap_err().status, sys::DDP_ERR_INVALID_STATE);
+    ddp.grad_ready(g).unwrap();
+    assert_eq!(ddp.grad_ready(g).unwrap_err().status, sys::DDP_ERR_INVALID_STATE);
     assert_eq!(ddp.grad_ready(99).unwrap_err().status, sys::DDP_ERR_INVALID_ARGUMENT);
+    // marked ready: the library may be reducing it until finish_backward
+    let e = ddp.grad_mut(&g).unwrap_err();
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_STATE);
+    assert!(e.message.contains("grad_mut: grad 0 is marked ready"), "{}", e.message);
+    assert!(ddp.grad(&g).is_err());
     ddp.finish_backward().unwrap();
     assert_eq!(ddp.stats().unwrap().iterations, 1);
+    assert!(ddp.grad(&g).unwrap().iter().all(|&x| x == 1.0)); // one rank: the average is the grad
     let e = unsafe { ddp.register_ptr(std::ptr::null_mut(), 4, Dtype::F32, false) }.unwrap_err();
     assert!(e.status == sys::DDP_ERR_INVALID_ARGUMENT || e.status == sys::DDP_ERR_INVALID_STATE, "{e}");
+    let e = ddp.register::<f32>(4).unwrap_err(); // registration closed at the first backward
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_STATE, "{e}");
+    let e = ddp.arena_slice::<f32>(g.index(), 8).unwrap_err();
+    assert!(e.message.contains("not in the arena layout"), "{e}");
     drop(ddp);
-    assert!(g.iter().all(|&x| x == 1.0));
 
     let bad = Config { gradient_predivide_factor: -1.0, ..Config::default() };
     let e = Ddp::new(&comm, &bad).err().expect("negative predivide must fail");
     assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT);
     assert!(format!("{e}").contains("invalid argument"));
     assert_eq!(libddp::version(), sys::DDP_VERSION_CODE);
+}
+
+#[test]
+fn arena_slice_refuses_more_elements_than_registered_and_another_dtype() {
+    let comm = Comm::single().unwrap();
+    let cfg = Config { arena: true, registration_plan: true, ..Config::default() };
+    let mut ddp = Ddp::new(&comm, &cfg).unwrap();
+    let a = unsafe { ddp.register_ptr(std::ptr::null_mut(), 8, Dtype::F32, false) }.unwrap();
+    let b = unsafe { ddp.register_ptr(std::ptr::null_mut(), 3, Dtype::F64, false) }.unwrap();
+    ddp.commit().unwrap();
+    // one element too many: before, a slice past the grad (a write through it could crash)
+    let e = ddp.arena_slice::<f32>(a, 9).unwrap_err();
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("arena_slice: 9 elements asked of grad 0, which has 8"), "{e}");
+    let e = ddp.arena_slice::<f32>(a, usize::MAX).unwrap_err();
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT, "{e}");
+    // f64 over an f32 grad would be twice its bytes
+    let e = ddp.arena_slice::<f64>(a, 8).unwrap_err();
+    assert!(e.message.contains("grad 0 holds f32, not the f64 asked for"), "{e}");
+    let e = ddp.arena_slice::<f32>(7, 1).unwrap_err();
+    assert!(e.message.contains("grad index 7 out of range (2 grads registered)"), "{e}");
+    let e = ddp.arena_slice::<f32>(-1, 1).unwrap_err();
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT, "{e}");
+    // the registered lengths and fewer are lent
+    ddp.arena_slice::<f32>(a, 8).unwrap().fill(2.0);
+    ddp.arena_slice::<f64>(b, 3).unwrap().fill(3.0);
+    assert_eq!(ddp.arena_slice::<f32>(a, 5).unwrap().len(), 5);
+    ddp.begin_backward().unwrap();
+    ddp.grad_ready(b).unwrap();
+    assert_eq!(ddp.arena_slice::<f64>(b, 3).unwrap_err().status, sys::DDP_ERR_INVALID_STATE);
+    ddp.arena_slice::<f32>(a, 8).unwrap()[0] = 4.0; // not ready yet: still the caller's to write
+    ddp.grad_ready(a).unwrap();
+    ddp.finish_backward().unwrap();
+    assert_eq!(ddp.arena_slice::<f32>(a, 8).unwrap()[..2], [4.0, 2.0]);
+    assert!(ddp.arena_slice::<f64>(b, 3).unwrap().iter().all(|&x| x == 3.0));
 }

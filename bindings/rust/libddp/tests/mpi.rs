@@ -23,13 +23,14 @@ fn reduce_f32_and_f64_across_ranks() {
         let scale = if average { 1.0 / world as f64 } else { 1.0 };
         let n32 = [1usize, 500, 77];
         let n64 = [129usize, 3];
-        let mut a: Vec<Vec<f32>> = n32.iter().map(|&n| (0..n).map(|i| value(rank, i, 0.5) as f32).collect()).collect();
-        let mut b: Vec<Vec<f64>> = n64.iter().map(|&n| (0..n).map(|i| value(rank, i, 1.5)).collect()).collect();
+        let a: Vec<Vec<f32>> = n32.iter().map(|&n| (0..n).map(|i| value(rank, i, 0.5) as f32).collect()).collect();
+        let b: Vec<Vec<f64>> = n64.iter().map(|&n| (0..n).map(|i| value(rank, i, 1.5)).collect()).collect();
         let mut got32: Vec<Vec<f32>> = Vec::new();
         let mut got64: Vec<Vec<f64>> = Vec::new();
         {
             let mut ddp = Ddp::new(&comm, &cfg).expect("Ddp::new");
             let mut idx = Vec::new();
+            let mut copy_handles = None;
             if arena {
                 for &n in &n32 {
                     idx.push(unsafe { ddp.register_ptr(std::ptr::null_mut(), n, libddp::Dtype::F32, false) }.unwrap());
@@ -45,12 +46,20 @@ fn reduce_f32_and_f64_across_ranks() {
                     ddp.arena_slice::<f64>(idx[3 + k], v.len()).unwrap().copy_from_slice(v);
                 }
             } else {
-                for v in a.iter_mut() {
-                    idx.push(ddp.register(v.as_mut_slice()).unwrap());
+                let (mut h32, mut h64) = (Vec::new(), Vec::new());
+                for v in a.iter() {
+                    let g = ddp.register::<f32>(v.len()).unwrap();
+                    ddp.grad_mut(&g).unwrap().copy_from_slice(v);
+                    idx.push(g.index());
+                    h32.push(g);
                 }
-                for v in b.iter_mut() {
-                    idx.push(ddp.register(v.as_mut_slice()).unwrap());
+                for v in b.iter() {
+                    let g = ddp.register::<f64>(v.len()).unwrap();
+                    ddp.grad_mut(&g).unwrap().copy_from_slice(v);
+                    idx.push(g.index());
+                    h64.push(g);
                 }
+                copy_handles = Some((h32, h64));
             }
             ddp.begin_backward().unwrap();
             // a different ready order on every rank
@@ -68,11 +77,10 @@ fn reduce_f32_and_f64_across_ranks() {
                 for (k, &n) in n64.iter().enumerate() {
                     got64.push(ddp.arena_slice::<f64>(idx[3 + k], n).unwrap().to_vec());
                 }
+            } else if let Some((h32, h64)) = &copy_handles {
+                got32 = h32.iter().map(|g| ddp.grad(g).unwrap().to_vec()).collect();
+                got64 = h64.iter().map(|g| ddp.grad(g).unwrap().to_vec()).collect();
             }
-        }
-        if !arena {
-            got32 = a.clone();
-            got64 = b.clone();
         }
         for (k, &n) in n32.iter().enumerate() {
             for i in 0..n {
@@ -91,9 +99,8 @@ fn reduce_f32_and_f64_across_ranks() {
     }
     // a registration that differs on the last rank: Err(MISMATCH) on every rank, never a hang
     if world > 1 {
-        let mut g = vec![0f32; 10 + (rank == world - 1) as usize];
         let mut ddp = Ddp::new(&comm, &Config::default()).unwrap();
-        ddp.register(g.as_mut_slice()).unwrap();
+        ddp.register::<f32>(10 + (rank == world - 1) as usize).unwrap();
         let e = ddp.commit().unwrap_err();
         assert_eq!(e.status, libddp::sys::DDP_ERR_MISMATCH, "{e}");
         assert!(!e.message.is_empty());
