@@ -36,7 +36,8 @@
 ##   BUILD           the build folder (default build); CXX, CC: the compilers; CXXFLAGS, LDFLAGS: more flags
 ##   PREFIX          install's prefix (default /usr/local); LIBDIR: where the libraries go (PREFIX/lib);
 ##                   DESTDIR: a staging root for both; PKG_CONFIG: the pkg-config that finds MPI's module
-##   HAVE_GLOO       1 when the Gloo communicator is built (set by its make file), 0 otherwise
+##   GLOO=auto|0|1   the Gloo communicator: auto when gloo's headers are under GLOO_HOME (default /usr)
+##   HAVE_GLOO       1 when the Gloo communicator is built (set by mk/gloo.mk), 0 otherwise
 ##   NP_LIST         the world sizes of the multi-rank suites (default 1 2 3 4)
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
 ##   QUICK_SUITES    the suites of make test-quick
@@ -276,7 +277,7 @@ cmake_list = $(subst $(space),;,$(strip $(1)))
 PKG_SUBST := -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR_REL@|$(LIBDIR_REL)|' -e 's|@VERSION@|$(VERSION)|' \
   -e 's|@REQUIRES_PRIVATE@|$(STATIC_REQUIRES)|' -e 's|@LIBS_PRIVATE@|$(strip $(STATIC_LIBS) $(STATIC_LIBS_LAST))|'
 CMAKE_SUBST := -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@MINOR@|$(MINOR)|g' \
-  -e 's|@LIBDIR_UP@|$(LIBDIR_UP)|g' -e 's|@HAVE_MPI@|$(HAVE_MPI)|g' -e 's|@HAVE_CUDA@|$(if $(CUDA_BACKEND),1,0)|g' \
+  -e 's|@LIBDIR_UP@|$(LIBDIR_UP)|g' -e 's|@HAVE_MPI@|$(HAVE_MPI)|g' -e 's|@HAVE_CUDA@|$(if $(CUDA_BACKEND),1,0)|g' -e 's|@HAVE_GLOO@|$(if $(filter 1,$(HAVE_GLOO)),1,0)|g' \
   -e 's|@MPI_LIB_NAMES@|$(call cmake_list,$(patsubst -l%,%,$(filter -l%,$(MPI_LIBS))))|g'
 
 .PHONY: uninstall

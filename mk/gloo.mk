@@ -14,6 +14,7 @@ ifeq ($(HAVE_GLOO),1)
   GLOO_LIBS   := $(if $(filter /usr,$(GLOO_HOME)),,-L$(GLOO_HOME)/lib -Wl,-rpath,$(GLOO_HOME)/lib) -lgloo
   LIB_CXX_SRCS += lib/backends/gloo/gloo_comm.cpp
   LIB_LDLIBS += $(GLOO_LIBS)
+  STATIC_LIBS += -lgloo
 $(BUILD)/obj/lib/backends/gloo/gloo_comm.o: CXXFLAGS_ALL += $(GLOO_CFLAGS)
 else
   LIB_CXX_SRCS += lib/backends/stubs/gloo_stub.cpp

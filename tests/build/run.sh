@@ -10,7 +10,7 @@ bad() { echo "  FAIL $1"; fail=$((fail + 1)); }
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # make as a user runs it: no knob inherited from an outer make or from this environment (for the
 # detection checks, which link nothing) ...
-mk() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MPI -u MPICXX -u HAVE_GLOO make --no-print-directory "$@"; }
+mk() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MPI -u MPICXX -u GLOO -u HAVE_GLOO make --no-print-directory "$@"; }
 # ... and with the knobs of the outer make, for what touches its build (the same library relinked).
 mk_same() { make --no-print-directory "$@"; }
 value() { sed -n "s/^  $1 = //p" <<<"$2"; }
@@ -92,8 +92,8 @@ for k in BUILD PREFIX LIBDIR MPICXX CUDA_HOME NP_LIST; do
   grep -q "^  $k = " <<<"$config" || { bad "make config does not show the knob $k"; k=missing; break; }
 done
 [ "$k" = missing ] || ok "make config shows the knobs' values"
-if mk config HAVE_GLOO=1 2>&1 | head -n 1 | grep -q ', Gloo yes$' && mk config 2>&1 | head -n 1 | grep -q ', Gloo no$'; then
-  ok "Gloo follows HAVE_GLOO (unset: no; HAVE_GLOO=1: yes)"
+if mk config GLOO=1 2>&1 | head -n 1 | grep -q ', Gloo yes$' && mk config GLOO=0 2>&1 | head -n 1 | grep -q ', Gloo no$'; then
+  ok "Gloo follows GLOO (GLOO=0: no; GLOO=1: yes)"
 else bad "the summary does not follow HAVE_GLOO"; fi
 # Relinking the library prints the summary once; a build with nothing to do, help and format-check none.
 out=$(mk_same BUILD="$build" -W lib/libddp.map lib 2>&1)

@@ -317,7 +317,11 @@ std::mutex g_worlds_mu;
 std::map<std::string, std::weak_ptr<GlooWorld>> g_worlds;
 
 std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl) {
-  const std::string name = format("%s|%d|%d", init_method ? init_method : "", rank, size);
+  // The same world whether its method or rank is named or left to the defaults and the environment.
+  auto env = [](const char* k) { return std::string(std::getenv(k) ? std::getenv(k) : ""); };
+  const std::string name = (init_method && *init_method ? init_method : "env://") + std::string("|") +
+                           (rank >= 0 ? std::to_string(rank) : env("RANK")) + "|" +
+                           (size >= 0 ? std::to_string(size) : env("WORLD_SIZE"));
   std::lock_guard<std::mutex> lock(g_worlds_mu);
   if (std::shared_ptr<GlooWorld> w = g_worlds[name].lock()) return w;
   auto w = std::make_shared<GlooWorld>();
