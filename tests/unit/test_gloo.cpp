@@ -59,7 +59,7 @@ int on_gloo_ranks(int n, const std::string& method, F fn) {
     ts.emplace_back([&, r] {
       ddp_comm_t c = nullptr;
       if (ddp_comm_init_gloo_timeout(method.c_str(), r, n, 20000, &c) != DDP_SUCCESS) {
-        MESSAGE("rank " << r << ": " << ddp_last_error());
+        MESSAGE("rank " << r << ": " << std::string(ddp_last_error()));
         ++failed;
         return;
       }
@@ -94,7 +94,7 @@ bool reduce_known(int rank, ddp_comm_t comm) {
     for (size_t i = 0; ok && i < a.size(); ++i) ok = a[i] == static_cast<float>(mean * static_cast<double>(i % 1000));
     for (size_t i = 0; ok && i < b.size(); ++i) ok = b[i] == mean * 0.25 * static_cast<double>(i);
   }
-  if (!ok) MESSAGE("rank " << rank << ": " << ddp_last_error());
+  if (!ok) MESSAGE("rank " << rank << ": " << std::string(ddp_last_error()));
   ddp_destroy(d);
   return ok;
 }

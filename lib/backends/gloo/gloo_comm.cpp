@@ -313,8 +313,14 @@ namespace {
 
 // The worlds in use, by init method, rank and size: a second communicator made the same way meets
 // over the same store (rank 0 cannot listen twice on one port) as the next communicator of that world.
+// Each name has its own lock, held while its world is opened: ranks that are threads of one process
+// open their worlds at once (rank 1 waits for rank 0's store while rank 0 starts it).
+struct WorldSlot {
+  std::mutex mu;
+  std::weak_ptr<GlooWorld> world;
+};
 std::mutex g_worlds_mu;
-std::map<std::string, std::weak_ptr<GlooWorld>> g_worlds;
+std::map<std::string, std::shared_ptr<WorldSlot>> g_worlds;
 
 std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl) {
   // The same world whether its method or rank is named or left to the defaults and the environment.
@@ -322,8 +328,15 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
   const std::string name = (init_method && *init_method ? init_method : "env://") + std::string("|") +
                            (rank >= 0 ? std::to_string(rank) : env("RANK")) + "|" +
                            (size >= 0 ? std::to_string(size) : env("WORLD_SIZE"));
-  std::lock_guard<std::mutex> lock(g_worlds_mu);
-  if (std::shared_ptr<GlooWorld> w = g_worlds[name].lock()) return w;
+  std::shared_ptr<WorldSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(g_worlds_mu);
+    std::shared_ptr<WorldSlot>& s = g_worlds[name];
+    if (!s) s = std::make_shared<WorldSlot>();
+    slot = s;
+  }
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (std::shared_ptr<GlooWorld> w = slot->world.lock()) return w;
   auto w = std::make_shared<GlooWorld>();
   w->rv = open_rendezvous(init_method, rank, size, dl);
   w->init_timeout_ms = timeout_ms;
@@ -335,7 +348,7 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
     attr.hostname = w->rv.host;  // the interface that reaches rank 0 (empty: the host's name)
   gloo_call(*w, "device on " + (attr.iface.empty() ? attr.hostname : attr.iface),
             [&] { w->device = gloo::transport::tcp::CreateDevice(attr); });
-  g_worlds[name] = w;
+  slot->world = w;
   return w;
 }
 
