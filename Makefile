@@ -183,7 +183,9 @@ $(SHARED): $(LIB_OBJS) lib/libddp.map
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -shared -o $@ $(LIB_OBJS) -Wl,-soname,$(SONAME) -Wl,--version-script=lib/libddp.map \
 	  -Wl,--no-undefined $(LDFLAGS_ALL) $(LIB_LDLIBS)
+	$(Q)ln -sf $(SONAME) $(BUILD)/lib/libddp.so
 
+# The link name comes with the library (programs that need $(SHARED) link with -lddp).
 $(BUILD)/lib/libddp.so: $(SHARED)
 	$(Q)ln -sf $(SONAME) $@
 

@@ -19,3 +19,22 @@ $(BUILD)/obj/lib/backends/gloo/gloo_comm.o: CXXFLAGS_ALL += $(GLOO_CFLAGS)
 else
   LIB_CXX_SRCS += lib/backends/stubs/gloo_stub.cpp
 endif
+
+# --- the gloo suite: tests/gloo/run.sh (the multi-rank tests and fault scenarios over Gloo under
+# mpirun; the example trainer started by tools/ddp_launch over env:// and a file store, its losses
+# against the MPI run's). (The binaries are named by path: their make files come later.)
+SUITES += gloo
+.PHONY: suite-gloo
+GLOO_MPI_BINS := $(BUILD)/tests/mpi_reduce $(BUILD)/tests/mpi_shard $(BUILD)/tests/faults
+ifneq ($(HAVE_GLOO),1)
+suite-gloo:
+	@echo "gloo: skipped: built without Gloo (GLOO=0, or no gloo headers under GLOO_HOME)"
+	@echo "gloo: 0 passed, 0 failed, 1 skipped"
+else ifeq ($(SAN),)
+suite-gloo: $(DEMO_BIN) $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
+	$(Q)MPIRUN="$(MPIRUN)" tests/gloo/run.sh $(BUILD) $(DEMO_BIN) $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
+else
+# A sanitized build: the example trainer is linked without $(SAN) (mk/demo.mk); the rest runs.
+suite-gloo: $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
+	$(Q)MPIRUN="$(MPIRUN)" tests/gloo/run.sh $(BUILD) none $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
+endif

@@ -96,6 +96,12 @@ probe() { # probe NAME FUNCTION...: a program that takes the address of each fun
     echo "  return n == $(($# - 1)) ? 0 : 1; }"; } > "$work/$1.c"
   $CC -o "$work/$1" "$work/$1.c" "$lib" 2>"$work/$1.log" || { cat "$work/$1.log"; return 1; }
 }
+# A sanitizer build of the library needs its runtime loaded first: preload it for the programs run on it.
+preload=""
+for rt in $(readelf -d "$lib" | sed -n 's/.*NEEDED.*\[\(lib[at]san\.so[.0-9]*\)\].*/\1/p'); do
+  preload="$preload $($CC -print-file-name="$rt")"
+done
+on_lib() { LD_LIBRARY_PATH=$libdir LD_PRELOAD="${preload# }" "$@"; }
 before=""
 for n in $nodes; do
   fn=$(awk -v n="$n" '$2 == n { print $1; exit }' <<<"$exports")
@@ -116,7 +122,7 @@ for n in $nodes; do
       out=$(LD_LIBRARY_PATH=$stub "$work/uses-$n" 2>&1); rc=$?
       if [ "$rc" -ne 0 ] && grep -q "version \`$n' not found" <<<"$out"; then ok
       else bad "a program using $fn ($n) on a library of$before: exit $rc, '$out' (want: version \`$n' not found)"; fi
-      if LD_LIBRARY_PATH=$libdir "$work/uses-$n"; then ok; else bad "a program using $fn does not run on $lib"; fi
+      if on_lib "$work/uses-$n"; then ok; else bad "a program using $fn does not run on $lib"; fi
     else bad "could not link a program using $fn"; fi
   fi
   before="$before $n"
@@ -124,7 +130,7 @@ done
 if probe uses-0.1 $old; then
   needs=$(readelf -V "$work/uses-0.1" | grep -oE 'Name: DDP_[0-9.]+' | sed 's/Name: //' | sort -u | tr '\n' ' ')
   if [ "$needs" = "DDP_0.1 " ]; then ok; else bad "a program using the 0.1 functions needs '$needs', not DDP_0.1 alone"; fi
-  if LD_LIBRARY_PATH=$libdir "$work/uses-0.1"; then ok; else bad "a program using the 0.1 functions does not run"; fi
+  if on_lib "$work/uses-0.1"; then ok; else bad "a program using the 0.1 functions does not run"; fi
 else bad "could not link a program using the 0.1 functions"; fi
 
 echo "exports: $(wc -l <<<"$exports") functions in $(echo $nodes | wc -w) version nodes ($(echo $nodes)), soname $soname"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs every fault scenario of the faults binary under mpirun, each under a wall-clock bound, and
 # sums them into "faults: N passed, N failed". A scenario passes when every RESULT line says ok, the
-# expected ranks print DONE, and it ends within its bound. Usage: run.sh BIN
+# expected ranks print DONE, and it ends within its bound. Usage: run.sh BIN [gloo]
+# With "gloo" the scenarios that touch the communicator run over Gloo (each on a fresh tcp:// port;
+# mpirun only starts the ranks) and the summary says "faults-gloo".
 bin=$1
+over=${2:-mpi}
+label=faults; [ "$over" = gloo ] && label=faults-gloo
 MPIRUN=${MPIRUN:-mpirun}
 T=${TIMEOUT_MS:-2000}
 seed=${DDP_TEST_SEED:-$(date +%s)}
@@ -31,8 +35,19 @@ scenarios=(
   "gather-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
   "gather-stall 4 3 $((2 * T / 1000 + 25)) --enable-recovery"
 )
+# Over Gloo: one of each kind of fault (the local-group ones, nonfinite and unused, say nothing new).
+gloo_scenarios=" die-exit die-kill stall mismatch threads blocked inspect-kill inspect-stall inspect-skip inspect-destroy
+  shard-kill gather-stall "
+gloo_scenarios=" $(echo $gloo_scenarios) "
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+  echo $((20000 + RANDOM % 30000)); }
 for line in "${scenarios[@]}"; do
   read -r name np want bound flags <<<"$line"
+  if [ "$over" = gloo ]; then
+    [[ "$gloo_scenarios" == *" $name "* ]] || continue
+    export DDP_TEST_GLOO="tcp://127.0.0.1:$(free_port)"
+    flags="$flags -x DDP_TEST_GLOO"
+  fi
   t0=$(date +%s%N)
   out=$(timeout -k 5 "$bound" $MPIRUN --oversubscribe $flags -np "$np" "$bin" "$name" "$seed" "$T" 2>&1)
   rc=$?
@@ -52,13 +67,13 @@ for line in "${scenarios[@]}"; do
   fi
   sed 's/^/  /' <<<"$results"
   if [ -z "$why" ]; then
-    echo "faults: $name (np=$np) passed: $good checks, ${ms} ms (bound ${bound}s)"
+    echo "$label: $name (np=$np) passed: $good checks, ${ms} ms (bound ${bound}s)"
     pass=$((pass + 1))
   else
-    echo "faults: $name (np=$np) FAILED: $why (exit $rc, ${ms} ms); last output:"
+    echo "$label: $name (np=$np) FAILED: $why (exit $rc, ${ms} ms); last output:"
     grep -vE '^RESULT ' <<<"$out" | tail -n 25 | sed 's/^/    /'
     fail=$((fail + 1))
   fi
 done
-echo "faults: $pass passed, $fail failed"
+echo "$label: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -129,7 +129,8 @@ inline const char* start(int* argc, char*** argv, const char* mpi_label, const c
   // checks the results).
   if (const char* gloo = std::getenv("DDP_TEST_GLOO")) {
     g_gloo = true;
-    label = "gloo";
+    static const std::string gloo_label = "gloo" + std::string(mpi_label).substr(3);  // mpi-shard: gloo-shard
+    label = gloo_label.c_str();
     st = ddp_comm_init_gloo(gloo, g_rank, g_world, &g_comm);
   } else {
     st = ddp_comm_init_mpi(&world, &g_comm);

@@ -121,10 +121,14 @@ class GlooRingLink final : public host::RingLink {
   void start(Deadline dl) { dl_ = dl; }
   void exchange(const void* out, size_t sn, void* in, size_t rn) override {
     const int right = (rank() + 1) % size(), left_rank = (rank() + size() - 1) % size();
-    gloo::transport::UnboundBuffer* o = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
-    gloo::transport::UnboundBuffer* i = rn ? buffer(in, rn) : nullptr;
-    if (i) i->recv(left_rank, kRingSlot);
-    if (o) o->send(right, kRingSlot);
+    gloo::transport::UnboundBuffer *o = nullptr, *i = nullptr;
+    // Posting throws too once a peer's connection has closed.
+    gloo_call(w_, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank), [&] {
+      o = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
+      i = rn ? buffer(in, rn) : nullptr;
+      if (i) i->recv(left_rank, kRingSlot);
+      if (o) o->send(right, kRingSlot);
+    });
     if (i) wait(left_rank, "receive from", [&] { return i->waitRecv(left(dl_)); });
     if (o) wait(right, "send to", [&] { return o->waitSend(left(dl_)); });
   }

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The Gloo suite: the communicator under the multi-rank tests and the fault scenarios (mpirun only
+# starts the ranks, every collective goes over Gloo), and the example trainer started without mpirun
+# by tools/ddp_launch, meeting over env:// and over a file store, whose losses must equal the MPI
+# run's. Prints "gloo: P passed, F failed".
+# Usage: run.sh BUILD_DIR TRAINER|none [MPI_REDUCE MPI_SHARD FAULTS]  (the last three need MPI)
+build=$1 trainer=$2 reduce_bin=${3:-} shard_bin=${4:-} faults_bin=${5:-}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+MPIRUN=${MPIRUN:-mpirun}
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+tp=0 tf=0
+add() {  # the last "label: P passed, F failed" line of $1
+  local line
+  line=$(grep -E '^[A-Za-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' <<<"$1" | tail -n 1)
+  if [ -z "$line" ]; then echo "gloo: $2 printed no summary"; tf=$((tf + 1)); return; fi
+  tp=$((tp + $(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line"))); tf=$((tf + $(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")))
+}
+check() {  # name, ok (0/1), detail
+  if [ "$2" = 1 ]; then tp=$((tp + 1)); echo "  ok   $1"; else tf=$((tf + 1)); echo "  FAIL $1: $3"; fi
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+if [ -n "$reduce_bin" ]; then
+  export DDP_TEST_GLOO="tcp://127.0.0.1:$(free_port)"
+  out=$(MPIRUN="$MPIRUN -x DDP_TEST_GLOO" "$root/tests/mpi/run.sh" "$reduce_bin" gloo 2>&1)
+  echo "$out" | grep -E '^gloo' | tail -n 5; add "$out" gloo
+  export DDP_TEST_GLOO="tcp://127.0.0.1:$(free_port)"
+  out=$(MPIRUN="$MPIRUN -x DDP_TEST_GLOO" "$root/tests/mpi/run.sh" "$shard_bin" gloo-shard 2>&1)
+  echo "$out" | grep -E '^gloo-shard' | tail -n 5; add "$out" gloo-shard
+  unset DDP_TEST_GLOO
+  out=$(MPIRUN="$MPIRUN" "$root/tests/faults/run.sh" "$faults_bin" gloo 2>&1)
+  echo "$out" | grep -vE '^  RESULT' | tail -n 20; add "$out" faults-gloo
+fi
+
+if [ "$trainer" = none ]; then  # a sanitized build: no trainer
+  echo "gloo: $tp passed, $tf failed"
+  [ "$tf" -eq 0 ]
+  exit
+fi
+
+# The trainer without mpirun. Its printed losses (6 decimals), accuracy and agreement line must be
+# those of the same run over MPI (or, without MPI, of the other Gloo runs).
+args=(--steps 5 --batch 16 --quiet)
+losses() { grep -E '^(step .* loss|loss .* ->|ranks agree)' <<<"$1" | sed -E 's/ +\([0-9.]+ ms\)//'; }
+for np in 2 4; do
+  ref=
+  if [ -n "$reduce_bin" ]; then
+    ref=$(timeout 300 $MPIRUN --oversubscribe -np "$np" "$trainer" "${args[@]}" 2>&1)
+    ref=$(losses "$ref")
+  fi
+  out=$(timeout 300 "$root/tools/ddp_launch" -n "$np" "$trainer" --comm gloo "${args[@]}" 2>&1); rc=$?
+  got=$(losses "$out")
+  [ -z "$ref" ] && ref=$got
+  ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: $np ranks over gloo" <<<"$out" && [ -n "$got" ] && [ "$got" = "$ref" ] && ok=1
+  check "trainer, $np processes over env:// (ddp_launch, no mpirun): $(grep -E '^loss' <<<"$got")" $ok "exit $rc; $(tail -n 5 <<<"$out")"
+  if [ "$np" = 2 ]; then
+    dir=$(mktemp -d "$build/gloo-store.XXXXXX")
+    out=$(timeout 300 "$root/tools/ddp_launch" -n 2 "$trainer" --comm gloo --init "file://$dir" "${args[@]}" 2>&1); rc=$?
+    left=$(ls -A "$dir" | wc -l); rm -rf "$dir"
+    ok=0; [ $rc -eq 0 ] && [ "$(losses "$out")" = "$ref" ] && [ "$left" -eq 0 ] && ok=1
+    check "trainer, 2 processes over a file store, the directory left empty" $ok "exit $rc, $left files left; $(tail -n 5 <<<"$out")"
+  fi
+done
+
+# A rank that dies: the launcher stops the others at once and exits with the dead rank's status.
+t0=$(date +%s%N)
+out=$(timeout 120 "$root/tools/ddp_launch" -n 3 bash -c '[ "$RANK" = 2 ] && kill -9 $$; exec "$@"' _ "$trainer" \
+        --comm gloo --steps 200 --quiet 2>&1); rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+ok=0; [ $rc -eq 137 ] && grep -q "rank 2 exited with status 137" <<<"$out" && [ $ms -lt 60000 ] && ok=1
+check "ddp_launch: rank 2 killed, the job ends with its status 137 in ${ms} ms" $ok "exit $rc; $(tail -n 5 <<<"$out")"
+
+echo "gloo: $tp passed, $tf failed"
+[ "$tf" -eq 0 ]
