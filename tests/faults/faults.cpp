@@ -792,8 +792,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char* gloo = std::getenv("DDP_TEST_GLOO");
   g_gloo = gloo != nullptr;
-  ddp_status_t s = g_gloo ? ddp_comm_init_gloo_timeout(gloo, g_rank, g_world, 60000, &g_comm)
-                          : ddp_comm_init_mpi(nullptr, &g_comm);
+  ddp_status_t s =
+      g_gloo ? ddp_comm_init_gloo_timeout(gloo, g_rank, g_world, 60000, &g_comm) : ddp_comm_init_mpi(nullptr, &g_comm);
   if (s) {
     result(scenario, false, std::string(g_gloo ? "ddp_comm_init_gloo" : "ddp_comm_init_mpi") + " -> " + status_text(s));
     MPI_Abort(MPI_COMM_WORLD, 1);
