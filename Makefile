@@ -42,6 +42,7 @@
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
 ##   QUICK_SUITES    the suites of make test-quick
 ##   DEMO_NP, DEMO_ARGS   make demo's ranks (2) and trainer options; EXAMPLE_CFLAGS: the trainer's flags
+##   DEMO_COMM       how make demo starts ranks: mpi, gloo (tools/ddp_launch) or self; default the first built
 ##   PYTHON_BIN      the Python of the python suites (/usr/bin/python3); JULIA: julia
 ##   FUZZ_SECONDS    make fuzz's time (60); FUZZ_BUILD: its tree; FUZZ_CXX: clang++; FUZZ_ARGS: libFuzzer's
 ##   FAULT_TIMEOUT_MS  the faults suite's timeout_ms (2000)

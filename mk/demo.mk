@@ -1,9 +1,9 @@
 # The example trainer (make demo), its timeline suite, and the benchmarks (make bench).
 # (Prerequisites name $(BUILD)/lib/libddp.so: this file is read before the Makefile defines $(SHARED).)
-#   make demo                 the MLP trainer on DEMO_NP ranks over MPI (host memory)
+#   make demo                 the MLP trainer on DEMO_NP ranks (over MPI; without it, over Gloo)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
 #   make bench                the five benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
-# Knobs: DEMO_NP (2), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
+# Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo or self), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
 # A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace,
 # microseconds since the epoch); tools/merge_timeline.py -o /tmp/t.merged.json /tmp/t.json merges the
 # ranks into one trace to open in ui.perfetto.dev or chrome://tracing (docs/api.md, "The timeline").
@@ -32,17 +32,23 @@ $(DEMO_GPU_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 .PHONY: demo demo-gpu examples
 examples: $(DEMO_BIN)
 
-ifeq ($(HAVE_MPI),1)
+# How make demo starts its ranks: mpi (mpirun), gloo (tools/ddp_launch, no MPI needed) or self (one
+# process). The default is the first this build has. (Recursive: HAVE_GLOO is set by mk/gloo.mk, read
+# after this file.)
+DEMO_COMM ?= $(if $(filter 1,$(HAVE_MPI)),mpi,$(if $(filter 1,$(HAVE_GLOO)),gloo,self))
+DEMO_RUN_mpi  = $(RUN_NP) $(DEMO_NP) $(DEMO_BIN) $(DEMO_ARGS)
+DEMO_RUN_gloo = tools/ddp_launch -n $(DEMO_NP) $(DEMO_BIN) --comm gloo $(DEMO_ARGS)
+DEMO_RUN_self = $(DEMO_BIN) --comm self $(DEMO_ARGS)
+DEMO_SAYS_mpi  = $(DEMO_NP) ranks over MPI (host memory)
+DEMO_SAYS_gloo = $(DEMO_NP) ranks over Gloo (host memory), started by tools/ddp_launch
+DEMO_SAYS_self = built without MPI and Gloo, so one process with the self communicator
+
 demo: $(DEMO_BIN)
-	@echo "== make demo: $(DEMO_NP) ranks over MPI (host memory); options: DEMO_ARGS='$(DEMO_ARGS)'$(if $(DDP_TIMELINE),; timeline: $(DDP_TIMELINE) per rank,)"
-	$(Q)$(RUN_NP) $(DEMO_NP) $(DEMO_BIN) $(DEMO_ARGS)
+	$(if $(DEMO_RUN_$(DEMO_COMM)),,$(error DEMO_COMM=$(DEMO_COMM): use mpi, gloo or self))
+	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); options: DEMO_ARGS='$(DEMO_ARGS)'$(if $(DDP_TIMELINE),; timeline: $(DDP_TIMELINE) per rank,)"
+	$(Q)$(DEMO_RUN_$(DEMO_COMM))
 	@if [ "$(HAVE_CUDA)" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "== a GPU is present: 'make demo-gpu' runs the same trainer with its grads in device memory over NCCL"; fi
-else
-demo: $(DEMO_BIN)
-	@echo "== make demo: built without MPI, so one process with the self communicator"
-	$(Q)$(DEMO_BIN) --comm self $(DEMO_ARGS)
-endif
 
 demo-gpu: $(DEMO_GPU_BIN)
 	@echo "== make demo-gpu: $(DEMO_NP) ranks, grads in device memory, reduced over NCCL"

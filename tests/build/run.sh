@@ -105,6 +105,17 @@ for t in lib help format-check; do
   if grep -qE "$summary_re" <<<"$out"; then bad "make $t printed the summary"; else ok "make $t prints no summary"; fi
 done
 
+# --- make demo without MPI: 2 ranks over Gloo through tools/ddp_launch (one process only without both) ---
+out=$(mk -n demo MPI=0 GLOO=1 BUILD="$work/demo" 2>&1)
+if grep -q "tools/ddp_launch -n 2 $work/demo/examples/mlp_trainer --comm gloo" <<<"$out"; then ok "make demo without MPI: 2 ranks over Gloo (tools/ddp_launch)"
+else bad "make demo MPI=0 does not start 2 ranks over Gloo: $(grep -v '^ *$' <<<"$out" | head -n 3)"; fi
+out=$(mk -n demo MPI=0 GLOO=0 BUILD="$work/demo" 2>&1)
+if grep -q "mlp_trainer --comm self" <<<"$out" && grep -q "without MPI and Gloo" <<<"$out"; then ok "make demo without MPI and Gloo: one process, and it says why"
+else bad "make demo MPI=0 GLOO=0: $(head -n 3 <<<"$out")"; fi
+out=$(mk -n demo DEMO_COMM=tcp BUILD="$work/demo" 2>&1)
+if grep -q "DEMO_COMM=tcp: use mpi, gloo or self" <<<"$out"; then ok "make demo DEMO_COMM=tcp is refused, naming the choices"
+else bad "make demo DEMO_COMM=tcp: $(head -n 3 <<<"$out")"; fi
+
 # --- make help: every knob (?= in Makefile and mk/*.mk) and every target (.PHONY) ---
 help=$(mk help 2>&1)
 words=$(tr -c 'A-Za-z0-9_-' '\n' <<<"$help" | sort -u)

@@ -41,7 +41,7 @@ fi
 
 # The trainer without mpirun. Its printed losses (6 decimals), accuracy and agreement line must be
 # those of the same run over MPI (or, without MPI, of the other Gloo runs).
-args=(--steps 5 --batch 16 --quiet)
+args=(--steps 8 --batch 32 --quiet)
 losses() { grep -E '^(step .* loss|loss .* ->|ranks agree)' <<<"$1" | sed -E 's/ +\([0-9.]+ ms\)//'; }
 for np in 2 4; do
   ref=
@@ -52,6 +52,7 @@ for np in 2 4; do
   out=$(timeout 300 "$root/tools/ddp_launch" -n "$np" "$trainer" --comm gloo "${args[@]}" 2>&1); rc=$?
   got=$(losses "$out")
   [ -z "$ref" ] && ref=$got
+  [ "$np" = 2 ] && demo_ref=$ref
   ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: $np ranks over gloo" <<<"$out" && [ -n "$got" ] && [ "$got" = "$ref" ] && ok=1
   check "trainer, $np processes over env:// (ddp_launch, no mpirun): $(grep -E '^loss' <<<"$got")" $ok "exit $rc; $(tail -n 5 <<<"$out")"
   if [ "$np" = 2 ]; then
@@ -62,6 +63,11 @@ for np in 2 4; do
     check "trainer, 2 processes over a file store, the directory left empty" $ok "exit $rc, $left files left; $(tail -n 5 <<<"$out")"
   fi
 done
+
+# make demo over Gloo (what it runs without MPI): 2 ranks, the same losses.
+out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_ARGS="${args[*]}" demo 2>&1); rc=$?
+ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1
+check "make demo DEMO_COMM=gloo: 2 ranks started by tools/ddp_launch" $ok "exit $rc; $(tail -n 5 <<<"$out")"
 
 # A rank that dies: the launcher stops the others at once and exits with the dead rank's status.
 t0=$(date +%s%N)

@@ -109,7 +109,8 @@ class _Handle:
 
 
 class Comm(_Handle):
-    """A communicator. Make one with Comm.mpi(), Comm.self(), Comm.nccl(...), Comm.nccl_mpi(...)."""
+    """A communicator. Make one with Comm.mpi(), Comm.gloo(...), Comm.self(), Comm.nccl(...), Comm.nccl_mpi(...),
+    Comm.nccl_store(...)."""
 
     _kind = "Comm"
 
@@ -121,6 +122,34 @@ class Comm(_Handle):
         """Host-memory comm over MPI (MPI_COMM_WORLD, or the MPI_Comm at address `mpi_comm`). Collective."""
         h = L.ddp_comm_t()
         L.lib.ddp_comm_init_mpi(mpi_comm, ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def gloo(cls, init_method="env://", rank=-1, size=-1, timeout_ms=None):
+        """Host-memory comm over Gloo (TCP), needing no MPI. `init_method`: "env://" (MASTER_ADDR,
+        MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them; libddp's store listens on MASTER_PORT + 1
+        or DDP_STORE_PORT), "tcp://HOST:PORT" or "file:///DIR". A rank or size of -1 is read from RANK /
+        WORLD_SIZE. Collective; gives up with TimeoutError after `timeout_ms` (default:
+        DDP_INIT_TIMEOUT_MS, else 300000; 0 waits forever)."""
+        h = L.ddp_comm_t()
+        method = None if init_method is None else str(init_method).encode()
+        if timeout_ms is None:
+            L.lib.ddp_comm_init_gloo(method, int(rank), int(size), ctypes.byref(h))
+        else:
+            L.lib.ddp_comm_init_gloo_timeout(method, int(rank), int(size), int(timeout_ms), ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def nccl_store(cls, init_method="env://", rank=-1, size=-1, device=0, timeout_ms=None):
+        """Device-memory comm over NCCL needing no MPI: the ranks meet as in gloo() and rank 0's NCCL id
+        travels over that Gloo comm. Collective; bounded as gloo()."""
+        h = L.ddp_comm_t()
+        method = None if init_method is None else str(init_method).encode()
+        if timeout_ms is None:
+            L.lib.ddp_comm_init_nccl_store(method, int(rank), int(size), int(device), ctypes.byref(h))
+        else:
+            L.lib.ddp_comm_init_nccl_store_timeout(method, int(rank), int(size), int(device), int(timeout_ms),
+                                                   ctypes.byref(h))
         return cls(h.value)
 
     @classmethod

@@ -1,7 +1,7 @@
 """libddp.torch: DistributedDataParallel for torch.nn.Module over libddp (torch is imported here only).
 
     import libddp.torch
-    model = libddp.torch.DistributedDataParallel(model)          # CPU: MPI; CUDA: NCCL over MPI
+    model = libddp.torch.DistributedDataParallel(model)          # the job's world: torchrun or mpirun
     loss = model(x).sum(); loss.backward()                        # grads reduced when backward returns
 
 As apex does, it hooks each parameter's grad accumulator: when the accumulator has run, the grad is
@@ -27,13 +27,15 @@ the parameters, which the next forward pass waits for layer by layer.
 """
 import contextlib
 import ctypes
+import os
+import socket
 import threading
 
 import torch
 
 from . import _lib as L
 from .core import DDP, Comm, dtype_code
-from .errors import DDPError
+from .errors import DDPError, InvalidStateError, UnsupportedError
 
 __all__ = ["DistributedDataParallel", "ShardedOptimizer", "default_comm"]
 
@@ -81,26 +83,117 @@ def _raw(t):
     raise ValueError("odd byte count")
 
 
-def default_comm(device):
-    """The communicator for parameters on `device`: MPI for CPU memory; NCCL for CUDA memory, its id made
-    on rank 0 and sent through torch.distributed when that is initialized (torchrun, no MPI needed),
-    through MPI otherwise."""
-    if device.type != "cuda":
-        return Comm.mpi()
-    index = device.index if device.index is not None else torch.cuda.current_device()
+# Where a launcher says how many processes it started: torchrun, Open MPI, MPICH / Intel MPI.
+_LAUNCHER_WORLD = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_HOW_TO_LAUNCH = ("start every process with torchrun (python -m torch.distributed.run --nproc_per_node N "
+                  "train.py) or mpirun -np N, and call torch.distributed.init_process_group() before wrapping "
+                  "the model, or pass comm=libddp.Comm.gloo() (env://) / Comm.mpi()")
+
+
+def _launched_world():
+    """(size, where it was read) of the job this process belongs to, as far as anyone knows: torch.distributed's
+    world when it is initialized, else the launcher's environment; (1, None) for a lone process."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), "torch.distributed"
+    for var in _LAUNCHER_WORLD:
+        try:
+            n = int(os.environ.get(var, "1"))
+        except ValueError:
+            continue
+        if n > 1:
+            return n, var
+    return 1, None
+
+
+def _store_address():
+    """The host the other ranks reach rank 0 at: MASTER_ADDR, else the default store's host, else this
+    host's name."""
+    addr = os.environ.get("MASTER_ADDR")
+    if addr:
+        return addr
+    try:
+        host = torch.distributed.distributed_c10d._get_default_store().host
+        if host:
+            return host
+    except Exception:
+        pass
+    return socket.getfqdn()
+
+
+def _free_port(host):
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+        except OSError:
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _torch_gloo(dist):
+    """A Gloo comm over torch.distributed's world: rank 0 picks a free port of its own, the address
+    travels over torch.distributed, the ranks meet there (tcp://)."""
+    if dist.get_world_size() == 1:
+        return Comm.self()
+    box = [None]
+    if dist.get_rank() == 0:
+        host = _store_address()
+        box[0] = "tcp://%s:%d" % (host, _free_port(host))
+    dist.broadcast_object_list(box, src=0)
+    return Comm.gloo(box[0], dist.get_rank(), dist.get_world_size())
+
+
+def default_comm(device):
+    """The communicator for parameters on `device`, over the job this process was launched in:
+    - torch.distributed initialized (torchrun, any launcher): its world. CPU memory: a Gloo comm of
+      libddp's own whose address travels over torch.distributed; CUDA memory: NCCL, rank 0's id
+      broadcast over torch.distributed.
+    - else RANK/WORLD_SIZE/MASTER_ADDR set (torchrun without init_process_group): Gloo (CPU) or NCCL
+      with its id sent over Gloo (CUDA), env://.
+    - else MPI (CPU) or NCCL with its id sent over MPI (CUDA); one lone process in a build without MPI
+      gets Comm.self().
+    Never a world of one in a job of more (see DistributedDataParallel)."""
+    dist = torch.distributed
+    cuda = device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else 0
+    if dist.is_available() and dist.is_initialized():
+        if not cuda:
+            return _torch_gloo(dist)
         box = [bytes(Comm.nccl_unique_id()) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return Comm.nccl(box[0], dist.get_world_size(), dist.get_rank(), index)
-    return Comm.nccl_mpi(index)
+    if all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return Comm.nccl_store("env://", device=index) if cuda else Comm.gloo("env://")
+    if cuda:
+        return Comm.nccl_mpi(index)
+    try:
+        return Comm.mpi()
+    except UnsupportedError:
+        if _launched_world()[0] > 1:
+            raise
+        return Comm.self()
+
+
+def _check_world(comm):
+    """Raises when `comm` leaves this process alone (or in a smaller world) in a job of more processes:
+    training alone silently is the one failure a DDP wrapper must never have."""
+    n, where = _launched_world()
+    size = comm.size
+    if n > 1 and size != n:
+        raise InvalidStateError(
+            "libddp.torch: this process is rank %d of %d in libddp's communicator, but %s says the job has %d "
+            "processes: the model would %s. To train together, %s."
+            % (comm.rank, size, where, n, "train alone" if size == 1 else "train in a different world",
+               _HOW_TO_LAUNCH))
 
 
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters' grads are reduced across the ranks of `comm` in every backward pass.
 
-    comm: a libddp.Comm (default: default_comm(device of the parameters): MPI for CPU parameters; NCCL for
-    CUDA ones, bootstrapped through torch.distributed when it is initialized, as under torchrun).
+    comm: a libddp.Comm (default: default_comm(device of the parameters): torch.distributed's world when it
+    is initialized (Gloo for CPU parameters, NCCL for CUDA ones), else torchrun's environment, else MPI).
+    A comm whose world differs from the job's (torch.distributed's, or WORLD_SIZE, OMPI_COMM_WORLD_SIZE,
+    PMI_SIZE) raises libddp.InvalidStateError: a process never trains alone silently.
     layout: "copy" (grads stay torch's own tensors) or "arena" (p.grad become views into the library's
     bucket buffers: zero copies; apex retain_allreduce_buffers / torch gradient_as_bucket_view).
     find_unused_parameters: parameters that get no grad in a backward pass are allowed (see the module's
@@ -117,7 +210,14 @@ class DistributedDataParallel(torch.nn.Module):
         self.module = module
         self._params = self._trainable(module)
         self._cuda = self._params[0].is_cuda
+        self._own_comm = comm is None  # made here: closed with this wrapper
         self.comm = comm if comm is not None else default_comm(self._params[0].device)
+        try:
+            _check_world(self.comm)
+        except Exception:
+            if self._own_comm:
+                self.comm.close()
+            raise
         self.sharded = bool(config.get("shard", False))
         if self.sharded:
             layout = "arena" if layout == "copy" else layout  # a shard is a range of the arena
@@ -442,7 +542,8 @@ class DistributedDataParallel(torch.nn.Module):
         return self.ddp.plan
 
     def close(self):
-        """Removes the hooks and destroys the context (arena grads are copied out to torch's own memory)."""
+        """Removes the hooks and destroys the context (arena grads are copied out to torch's own memory), and
+        the communicator when it was made here (no comm given)."""
         for h in self._hooks:
             try:
                 h.remove()
@@ -460,6 +561,8 @@ class DistributedDataParallel(torch.nn.Module):
                     p.data = p.data.clone()
         self._views = [None] * len(self._params)
         self.ddp.close()
+        if self._own_comm:
+            self.comm.close()
 
 
 def _param_names(model):

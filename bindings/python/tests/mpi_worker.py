@@ -1,5 +1,6 @@
-"""Run under mpirun: every rank reduces numpy grads through libddp and checks them against a float64
-reference computed from every rank's data. Prints one line per scenario; exits 1 on any failure."""
+"""Every rank reduces numpy grads through libddp and checks them against a float64 reference computed
+from every rank's data. Prints one line per scenario; exits 1 on any failure. Run under mpirun (Comm.mpi)
+or, with LIBDDP_TEST_GLOO=METHOD (env://, tcp://..., file:///...), under any launcher (Comm.gloo)."""
 import os
 import sys
 
@@ -8,7 +9,8 @@ import numpy as np
 import libddp
 from libddp import DDP, Comm
 
-comm = Comm.mpi()
+gloo = os.environ.get("LIBDDP_TEST_GLOO")
+comm = Comm.gloo(gloo) if gloo else Comm.mpi()
 rank, world = comm.rank, comm.size
 failures = []
 

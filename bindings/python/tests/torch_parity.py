@@ -1,7 +1,10 @@
-"""Run under mpirun: trains the same small model with libddp.torch.DistributedDataParallel and with
+"""Trains the same small model with libddp.torch.DistributedDataParallel and with
 torch.nn.parallel.DistributedDataParallel (Gloo over loopback) side by side and compares the grads at
-every step. Needs MASTER_PORT in the environment. Prints the largest relative difference per setting and
-exits 1 when one exceeds 1e-6."""
+every step. Prints the largest relative difference per setting and exits 1 when one exceeds 1e-6.
+Two ways to start it:
+- under mpirun (needs MASTER_PORT): libddp over Comm.mpi();
+- under torchrun (or its environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), no MPI at all:
+  libddp.torch picks its communicator itself (no comm given: Gloo over torch.distributed's world)."""
 import copy
 import json
 import os
@@ -15,14 +18,20 @@ import libddp.torch as ltorch
 
 STEPS = 5
 TOL = 1e-6
-rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
+if UNDER_MPI:
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    comm = libddp.Comm.mpi()
+    assert comm.rank == rank and comm.size == world
+else:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm = None  # each wrapper makes (and closes) its own: default_comm over torch.distributed
 torch.set_num_threads(1)
-comm = libddp.Comm.mpi()
-assert comm.rank == rank and comm.size == world
 
 
 class Net(torch.nn.Module):
@@ -54,6 +63,7 @@ def run(layout, predivide, set_to_none, plan_order=None):
     extra = {"plan_order": plan_order} if plan_order else {}
     ours = ltorch.DistributedDataParallel(our_model, comm, layout=layout, message_size=300,
                                           gradient_predivide_factor=predivide, **extra)
+    assert ours.comm.rank == rank and ours.comm.size == world, ours.comm
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
     worst, local_diff = 0.0, 0.0
@@ -168,7 +178,8 @@ results.append(run("arena", float(world), True, "learned"))  # the arena moves o
 ok = all(r["max_rel_grad"] <= TOL and r["max_rel_param"] <= TOL and r["iterations"] == STEPS
          and (world == 1 or r["local_vs_reduced"] > 1e-3) and r["buckets"] >= 2 for r in results) and real_ok
 print("rank %d: %s" % (rank, json.dumps(results)), flush=True)
-comm.close()
+if comm is not None:
+    comm.close()
 dist.destroy_process_group()
 print("rank %d: parity %s" % (rank, "ok" if ok else "FAILED"), flush=True)
 sys.exit(0 if ok else 1)

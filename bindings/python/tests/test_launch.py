@@ -1,0 +1,143 @@
+"""Processes started without mpirun (tools/ddp_launch sets what torchrun sets: RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT): Comm.gloo over env:// and a file store, libddp.torch over
+torch.distributed's world against torch DDP, and a process that would train alone raising instead."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import libddp
+from conftest import CHILD_PATH, HERE, PYTHON, ROOT, free_port
+
+LAUNCH = os.path.join(ROOT, "tools", "ddp_launch")
+pytestmark = pytest.mark.skipif(not os.access(LAUNCH, os.X_OK), reason="tools/ddp_launch is not here")
+
+
+def gloo_built():
+    try:
+        libddp.Comm.gloo("none://", 0, 1)  # refused either way: as malformed, or as not built
+    except libddp.UnsupportedError:
+        return False
+    except libddp.InvalidArgumentError:
+        return True
+    raise AssertionError("Comm.gloo('none://') made a communicator")
+
+
+needs_gloo = pytest.mark.skipif(not gloo_built(), reason="libddp built without Gloo")
+
+
+def launch(np_, argv, env=None, timeout=200):
+    """Runs `argv` on `np_` processes through tools/ddp_launch; returns (returncode, output)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX"))}
+    e.update(PYTHONPATH=CHILD_PATH, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
+    e.update(env or {})
+    cmd = [LAUNCH, "-n", str(np_), "--master-port", str(free_port())] + argv
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e, timeout=timeout)
+    except subprocess.TimeoutExpired as t:
+        return 124, (t.output or b"").decode(errors="replace") + "\n(timed out)"
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+@needs_gloo
+@pytest.mark.parametrize("np_", [2, 3])
+def test_numpy_reduction_over_gloo_env(np_):
+    rc, out = launch(np_, [PYTHON, os.path.join(HERE, "mpi_worker.py")], {"LIBDDP_TEST_GLOO": "env://"})
+    assert rc == 0, out
+    assert len(re.findall(r"rank \d+ of %d: 0 failed" % np_, out)) == np_, out
+
+
+@needs_gloo
+def test_numpy_reduction_over_a_file_store(tmp_path):
+    rc, out = launch(2, [PYTHON, os.path.join(HERE, "mpi_worker.py")], {"LIBDDP_TEST_GLOO": "file://%s" % tmp_path})
+    assert rc == 0, out
+    assert len(re.findall(r"rank \d+ of 2: 0 failed", out)) == 2, out
+    assert os.listdir(tmp_path) == []  # the store's files are removed once read
+
+
+@needs_gloo
+@pytest.mark.parametrize("np_", [2, 4])
+def test_torch_matches_torch_ddp_under_torchrun_environment(np_):
+    """The defect this guards: under torchrun's environment with torch.distributed initialized, every
+    process trained alone. Now DistributedDataParallel(model) with no comm runs over torch.distributed's
+    world (Gloo), and matches torch DDP to 1e-6."""
+    pytest.importorskip("torch")
+    rc, out = launch(np_, [PYTHON, os.path.join(HERE, "torch_parity.py")], timeout=400)
+    assert rc == 0, out
+    assert out.count("parity ok") == np_, out
+
+
+TRAINS_ALONE = r"""
+import os, sys, torch
+import libddp, libddp.torch as ltorch
+model = torch.nn.Linear(3, 2)
+mode = sys.argv[1]
+if mode == "init":  # torch.distributed over the launcher's world: the default comm is Gloo over it
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    ddp = ltorch.DistributedDataParallel(model)
+elif mode == "env":  # the launcher's environment alone: Gloo over env://
+    ddp = ltorch.DistributedDataParallel(model)
+else:  # a one-rank comm in a job of more: refused
+    try:
+        ltorch.DistributedDataParallel(model, libddp.Comm.self())
+    except libddp.InvalidStateError as e:
+        print("rank %s refused: %s" % (os.environ["RANK"], e), flush=True)
+        sys.exit(0)
+    sys.exit("rank %s: trained alone" % os.environ["RANK"])
+model(torch.full((1, 3), float(os.environ["RANK"]))).sum().backward()
+print("rank %s: world %d, weight grad %s" % (os.environ["RANK"], ddp.comm.size, model.weight.grad[0].tolist()), flush=True)
+ddp.close()
+"""
+
+
+@needs_gloo
+@pytest.mark.parametrize("mode", ["init", "env"])
+def test_default_comm_joins_the_launched_world(tmp_path, mode):
+    pytest.importorskip("torch")
+    script = tmp_path / "alone.py"
+    script.write_text(TRAINS_ALONE)
+    rc, out = launch(2, [PYTHON, str(script), mode])
+    assert rc == 0, out
+    # inputs 0 and 1 on the two ranks: the averaged grad of every weight is 0.5 everywhere
+    assert len(re.findall(r"rank \d: world 2, weight grad \[0\.5, 0\.5, 0\.5\]", out)) == 2, out
+
+
+def test_a_one_rank_comm_in_a_job_of_two_raises(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "alone.py"
+    script.write_text(TRAINS_ALONE)
+    rc, out = launch(2, [PYTHON, str(script), "self"])
+    assert rc == 0, out
+    refused = re.findall(r"rank \d refused: (.*)", out)
+    assert len(refused) == 2, out
+    assert "rank 0 of 1" in refused[0] and "WORLD_SIZE says the job has 2 processes" in refused[0], refused[0]
+    assert "torchrun" in refused[0] and "mpirun -np N" in refused[0], refused[0]
+
+
+@pytest.mark.parametrize("var", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_default_comm_of_one_under_a_launcher_of_more_raises(monkeypatch, var):
+    """mpirun started 2 processes but this one's MPI world is 1 (another MPI's mpirun, a singleton):
+    the wrapper raises instead of training alone."""
+    torch = pytest.importorskip("torch")
+    import libddp.torch as ltorch
+
+    for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, "2")
+    monkeypatch.setattr(libddp.Comm, "mpi", classmethod(lambda cls: libddp.Comm.self()))
+    with pytest.raises(libddp.InvalidStateError, match="%s says the job has 2 processes" % var):
+        ltorch.DistributedDataParallel(torch.nn.Linear(2, 2))
+    monkeypatch.setenv(var, "1")  # a job of one: fine
+    ltorch.DistributedDataParallel(torch.nn.Linear(2, 2)).close()
+
+
+def test_comm_gloo_bad_method_names_it():
+    if not gloo_built():
+        with pytest.raises(libddp.UnsupportedError):
+            libddp.Comm.gloo("env://", 0, 2)
+        return
+    with pytest.raises(libddp.InvalidArgumentError, match="udp://x"):
+        libddp.Comm.gloo("udp://x", 0, 2)
