@@ -19,7 +19,7 @@
  * The communicator is one choice, made in make_comm():
  *   --comm mpi   host memory, reduced over MPI (run under mpirun; the default)
  *   --comm gloo  host memory, reduced over Gloo (TCP), no MPI: processes started by torchrun or
- *                examples/run_local.sh (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); --init names
+ *                tools/ddp_launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); --init names
  *                another rendezvous (tcp://HOST:PORT, file:///DIR)
  *   --comm self  one process, no MPI (reduction is the identity)
  *   --comm nccl  device memory, reduced over NCCL: the gradients are staged into CUDA device buffers
@@ -27,7 +27,7 @@
  *                links the CUDA runtime; compute stays on the host). One GPU per rank.
  *
  * Usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]
- *                    [--delay] [--comm mpi|self|nccl] [--timeline file.json] [--quiet]
+ *                    [--delay] [--comm mpi|gloo|self|nccl] [--init METHOD] [--timeline file.json] [--quiet]
  *                    [--optimizer sgd|momentum|adam] [--shard]
  */
 #define _POSIX_C_SOURCE 200809L

@@ -17,7 +17,7 @@ suite-python-src: $(SHARED)
 	  $(PYTHON_BIN) bindings/python/tests/run.py
 
 suite-rust: $(SHARED)
-	$(Q)bindings/rust/run_suite.sh $(abspath $(BUILD)/lib) $(abspath $(BUILD)/rust) "$(BIND_MPIRUN)"
+	$(Q)HAVE_GLOO=$(HAVE_GLOO) bindings/rust/run_suite.sh $(abspath $(BUILD)/lib) $(abspath $(BUILD)/rust) "$(BIND_MPIRUN)"
 
 # A fresh tree: the Rust build builds the C library itself (bindings/rust/fresh_build.sh).
 suite-rust-fresh:
@@ -25,7 +25,7 @@ suite-rust-fresh:
 
 suite-julia: $(SHARED)
 	$(Q)if command -v $(JULIA) >/dev/null 2>&1; then \
-	  LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(BIND_MPIRUN)" bindings/julia/run_suite.sh $(JULIA); \
+	  HAVE_GLOO=$(HAVE_GLOO) LIBDDP_PATH=$(abspath $(SHARED)) MPIRUN="$(BIND_MPIRUN)" bindings/julia/run_suite.sh $(JULIA); \
 	else \
 	  echo "julia: skipped: $(JULIA) is not on PATH"; echo "julia: 0 passed, 0 failed, 1 skipped"; \
 	fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rust suite: cargo test --offline on one rank, then the MPI test under mpirun -np 2.
-# Usage: run_suite.sh LIBDIR TARGETDIR [MPIRUN]. Ends with "rust: N passed, N failed, N skipped".
+# Usage: [HAVE_GLOO=1] run_suite.sh LIBDIR TARGETDIR [MPIRUN] (HAVE_GLOO=1: also over Gloo, no mpirun). Ends with "rust: N passed, N failed, N skipped".
 libdir=$1; target=$2; mpirun=${3:-}
 cd "$(dirname "$0")"
 if ! command -v cargo >/dev/null 2>&1; then
@@ -29,6 +29,15 @@ if [ -n "$mpirun" ] && command -v "${mpirun%% *}" >/dev/null 2>&1; then
   fi
 else
   echo "rust: mpirun not found: multi-rank runs skipped"; skipped=1
+fi
+# The same test over Gloo, started without mpirun (tools/ddp_launch sets what torchrun sets).
+launch=../../tools/ddp_launch
+if [ "${HAVE_GLOO:-0}" = 1 ] && [ -x "$launch" ]; then
+  bin=$(ls -t "$target"/debug/deps/mpi-* 2>/dev/null | grep -v '\.d$' | head -n 1)
+  echo "--- tools/ddp_launch -n 2, Comm::gloo(\"env://\"): the mpi test without mpirun"
+  LIBDDP_TEST_GLOO=env:// MASTER_ADDR=127.0.0.1 timeout 120 "$launch" -n 2 "$bin" --nocapture 2>&1 | tee -a "$log" |
+    grep -E "rust mpi ok|panicked|FAILED"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 fi
 passed=$(grep -oE "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | grep -oE "[0-9]+ passed" | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE "; [0-9]+ failed" "$log" | grep -oE "[0-9]+" | awk '{s+=$1} END {print s+0}')

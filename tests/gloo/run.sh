@@ -69,6 +69,20 @@ out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_A
 ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1
 check "make demo DEMO_COMM=gloo: 2 ranks started by tools/ddp_launch" $ok "exit $rc; $(tail -n 5 <<<"$out")"
 
+# The launcher's environment and its refusals.
+out=$("$root/tools/ddp_launch" -n 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29999 \
+      bash -c 'echo "env $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT"' 2>&1 | sort)
+want=$(printf 'env 2 0 4 2 1 127.0.0.1 29999\nenv 3 1 4 2 1 127.0.0.1 29999')
+ok=0; [ "$out" = "$want" ] && ok=1
+check "ddp_launch: node 1 of 2 runs ranks 2 and 3 with torchrun's variables" $ok "got '$out'"
+for bad in "-n 0 true|need -n >= 1" "-n x true|nproc 'x' is not a number" "--nnodes 2 --node-rank 2 --master-port 1 true|--node-rank < --nnodes" \
+           "|no program given" "--frobnicate true|unknown option '--frobnicate'"; do
+  args_=${bad%%|*}; msg=${bad#*|}
+  out=$("$root/tools/ddp_launch" $args_ 2>&1); rc=$?
+  ok=0; [ $rc -eq 2 ] && grep -qF -- "$msg" <<<"$out" && ok=1
+  check "ddp_launch $args_: refused (exit 2), naming it" $ok "exit $rc: $out"
+done
+
 # A rank that dies: the launcher stops the others at once and exits with the dead rank's status.
 t0=$(date +%s%N)
 out=$(timeout 120 "$root/tools/ddp_launch" -n 3 bash -c '[ "$RANK" = 2 ] && kill -9 $$; exec "$@"' _ "$trainer" \

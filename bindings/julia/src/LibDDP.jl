@@ -167,7 +167,7 @@ function Comm(kind::Symbol)
     elseif kind === :self
         check(ccall(sym(:ddp_comm_init_self), Cint, (Ref{Ptr{Cvoid}},), out))
     else
-        throw(ArgumentError("Comm(kind): kind is :mpi or :self (NCCL: nccl_mpi(device))"))
+        throw(ArgumentError("Comm(kind): kind is :mpi or :self (Gloo: gloo(init_method); NCCL: nccl_mpi(device), nccl_store(init_method))"))
     end
     return Comm(out[])
 end
@@ -176,6 +176,40 @@ end
 function nccl_mpi(device::Integer)
     out = Ref{Ptr{Cvoid}}(C_NULL)
     check(ccall(sym(:ddp_comm_init_nccl_mpi), Cint, (Ptr{Cvoid}, Cint, Ref{Ptr{Cvoid}}), C_NULL, device, out))
+    return Comm(out[])
+end
+
+"""
+    gloo(init_method="env://"; rank=-1, size=-1, timeout_ms=nothing) -> Comm
+
+Host memory over Gloo (TCP), needing no MPI: processes started by any launcher meet through
+`init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them),
+"tcp://HOST:PORT" or "file:///DIR". `rank` and `size` of -1 are read from RANK and WORLD_SIZE.
+Collective; bounded by `timeout_ms` (default DDP_INIT_TIMEOUT_MS, else 300000; 0 waits forever).
+"""
+function gloo(init_method::AbstractString="env://"; rank::Integer=-1, size::Integer=-1,
+              timeout_ms::Union{Nothing,Integer}=nothing)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    if timeout_ms === nothing
+        check(ccall(sym(:ddp_comm_init_gloo), Cint, (Cstring, Cint, Cint, Ref{Ptr{Cvoid}}),
+                    String(init_method), rank, size, out))
+    else
+        check(ccall(sym(:ddp_comm_init_gloo_timeout), Cint, (Cstring, Cint, Cint, Int64, Ref{Ptr{Cvoid}}),
+                    String(init_method), rank, size, timeout_ms, out))
+    end
+    return Comm(out[])
+end
+
+"""
+    nccl_store(init_method="env://"; rank=-1, size=-1, device=0) -> Comm
+
+Device memory over NCCL needing no MPI: the ranks meet as in `gloo` and rank 0's NCCL id travels
+over a Gloo communicator. Collective; bounded by DDP_INIT_TIMEOUT_MS.
+"""
+function nccl_store(init_method::AbstractString="env://"; rank::Integer=-1, size::Integer=-1, device::Integer=0)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:ddp_comm_init_nccl_store), Cint, (Cstring, Cint, Cint, Cint, Ref{Ptr{Cvoid}}),
+                String(init_method), rank, size, device, out))
     return Comm(out[])
 end
 

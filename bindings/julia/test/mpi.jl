@@ -1,8 +1,9 @@
-# Under mpirun: every rank reduces Float32 and Float64 arrays and checks them; a mismatch throws on every rank.
+# Under mpirun, or with LIBDDP_TEST_GLOO=METHOD under any launcher (LibDDP.gloo, no MPI): every rank
+# reduces Float32 and Float64 arrays and checks them; a mismatch throws on every rank.
 include(joinpath(@__DIR__, "..", "src", "LibDDP.jl"))
 using .LibDDP
 
-comm = Comm(:mpi)
+comm = haskey(ENV, "LIBDDP_TEST_GLOO") ? LibDDP.gloo(ENV["LIBDDP_TEST_GLOO"]) : Comm(:mpi)
 r, w = rank(comm), nranks(comm)
 val(rk, i) = sin(0.37 * (rk + 1) + 0.011 * i)
 a = Float32[val(r, i) for i in 1:500]

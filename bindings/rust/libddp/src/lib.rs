@@ -118,6 +118,28 @@ impl Comm {
     pub fn mpi() -> Result<Comm> {
         Comm::make(false, |raw| unsafe { sys::ddp_comm_init_mpi(ptr::null(), raw) })
     }
+    /// Host memory over Gloo (TCP), needing no MPI: processes started by any launcher meet through
+    /// `init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them),
+    /// "tcp://HOST:PORT" or "file:///DIR". `rank` and `size` of None are read from RANK and
+    /// WORLD_SIZE. Collective; bounded by DDP_INIT_TIMEOUT_MS (default 300 s).
+    pub fn gloo(init_method: &str, rank: Option<i32>, size: Option<i32>) -> Result<Comm> {
+        let method = c_method(init_method)?;
+        let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
+        Comm::make(false, |raw| unsafe { sys::ddp_comm_init_gloo(method.as_ptr(), r, n, raw) })
+    }
+    /// As `gloo`, bounded by `timeout_ms` milliseconds (0 waits forever).
+    pub fn gloo_timeout(init_method: &str, rank: Option<i32>, size: Option<i32>, timeout_ms: i64) -> Result<Comm> {
+        let method = c_method(init_method)?;
+        let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
+        Comm::make(false, |raw| unsafe { sys::ddp_comm_init_gloo_timeout(method.as_ptr(), r, n, timeout_ms, raw) })
+    }
+    /// Device memory over NCCL needing no MPI: the ranks meet as in `gloo` and rank 0's NCCL id
+    /// travels over a Gloo comm. Collective; bounded as `gloo`.
+    pub fn nccl_store(init_method: &str, rank: Option<i32>, size: Option<i32>, cuda_device: i32) -> Result<Comm> {
+        let method = c_method(init_method)?;
+        let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
+        Comm::make(true, |raw| unsafe { sys::ddp_comm_init_nccl_store(method.as_ptr(), r, n, cuda_device, raw) })
+    }
     /// One rank, no MPI.
     pub fn single() -> Result<Comm> {
         Comm::make(false, |raw| unsafe { sys::ddp_comm_init_self(raw) })
@@ -262,6 +284,10 @@ struct Slot {
     owned: *mut u64,
     words: usize,
     ready: Cell<bool>, // marked ready in the backward pass in progress: the library may be reducing it
+}
+
+fn c_method(init_method: &str) -> Result<CString> {
+    CString::new(init_method).map_err(|_| invalid(sys::DDP_ERR_INVALID_ARGUMENT, "init_method holds a NUL byte".into()))
 }
 
 fn invalid(status: i32, message: String) -> Error {

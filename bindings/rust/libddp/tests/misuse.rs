@@ -74,3 +74,16 @@ fn arena_slice_refuses_more_elements_than_registered_and_another_dtype() {
     assert_eq!(ddp.arena_slice::<f32>(a, 8).unwrap()[..2], [4.0, 2.0]);
     assert!(ddp.arena_slice::<f64>(b, 3).unwrap().iter().all(|&x| x == 3.0));
 }
+
+#[test]
+fn gloo_refuses_a_bad_method_and_a_nul_byte() {
+    let e = Comm::gloo("a\0b", Some(0), Some(1)).err().expect("a NUL byte must fail");
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT);
+    assert!(e.message.contains("NUL byte"), "{e}");
+    let e = Comm::gloo("udp://host:1", Some(0), Some(2)).err().expect("udp:// must fail");
+    if e.status != sys::DDP_ERR_UNSUPPORTED {
+        // a build with Gloo: the method is named
+        assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT, "{e}");
+        assert!(e.message.contains("udp://host:1"), "{e}");
+    }
+}

@@ -1,6 +1,7 @@
-// Run by `cargo test` alone (one rank) and under `mpirun -np 2 cargo test`: every rank reduces f32 and
-// f64 slices of its own data and checks the result against a float64 reference built from every
-// rank's data. One #[test] so that every rank issues the same collectives in the same order.
+// Run by `cargo test` alone (one rank) and under `mpirun -np 2 cargo test`, or with LIBDDP_TEST_GLOO=METHOD
+// under any launcher (Comm::gloo, no MPI): every rank reduces f32 and f64 slices of its own data and
+// checks the result against a float64 reference built from every rank's data. One #[test] so that
+// every rank issues the same collectives in the same order.
 use libddp::{Comm, Config, Ddp};
 
 fn value(rank: i32, i: usize, salt: f64) -> f64 {
@@ -9,7 +10,10 @@ fn value(rank: i32, i: usize, salt: f64) -> f64 {
 
 #[test]
 fn reduce_f32_and_f64_across_ranks() {
-    let comm = Comm::mpi().expect("Comm::mpi");
+    let comm = match std::env::var("LIBDDP_TEST_GLOO") {
+        Ok(method) => Comm::gloo(&method, None, None).expect("Comm::gloo"),
+        Err(_) => Comm::mpi().expect("Comm::mpi"),
+    };
     let (rank, world) = (comm.rank().unwrap(), comm.size().unwrap());
     for (average, predivide, arena) in [(true, 1.0, false), (true, 2.0, false), (false, 1.0, false), (true, 1.0, true)] {
         let cfg = Config {
