@@ -82,8 +82,44 @@ typedef enum ddp_dtype {
   DDP_BF16 = 1, /* bfloat16 */
   DDP_F32 = 2,
   DDP_F64 = 3,
-  DDP_DTYPE_COUNT
+  DDP_DTYPE_COUNT, /* grads are of the types above */
+  /* Integers, for ddp_allreduce_host alone (token counts, metrics): never a grad. */
+  DDP_I32 = 16,
+  DDP_I64 = 17
 } ddp_dtype_t;
+
+/* The reduction of ddp_allreduce_host and ddp_comm_allreduce. */
+typedef enum ddp_op {
+  DDP_OP_SUM = 0,
+  DDP_OP_AVG = 1, /* the sum divided by the world size (integers: rounded toward zero) */
+  DDP_OP_MAX = 2,
+  DDP_OP_MIN = 3
+} ddp_op_t;
+
+/* How buckets travel (ddp_config_t.compression). */
+typedef enum ddp_compression {
+  /* In the grads' own type (16-bit grads: see allreduce_always_fp32). */
+  DDP_COMPRESS_NONE = 0,
+  /* f32 and f64 buckets travel as bfloat16: half the bytes (a quarter for f64). The grads are cast
+   * once on the way in (with the pre-scale), each addition is done in fp32 math and rounded to
+   * bfloat16 for the next hop, and the sum is cast back once on the way out. So every reduced value
+   * is the uncompressed result within a few bfloat16 roundings (relative 2^-8 each): one for the
+   * inputs, one per hop of the sum (world size - 1 at most) and one for the result. 16-bit grads
+   * travel as they are. */
+  DDP_COMPRESS_BF16 = 1,
+  /* The same with IEEE binary16: 3 more bits of precision, range +-65504 (scale the loss so that no
+   * grad or partial sum overflows; an overflow is an Inf, never hidden). */
+  DDP_COMPRESS_FP16 = 2
+} ddp_compression_t;
+
+/* Uneven inputs (ddp_config_t.uneven_inputs, ddp_join). */
+typedef enum ddp_uneven {
+  DDP_UNEVEN_OFF = 0,
+  /* Averages divide by the ranks that contributed to the iteration (not joined). */
+  DDP_UNEVEN_BY_CONTRIBUTORS = 1,
+  /* Averages divide by the world size, as torch's divide_by_initial_world_size. */
+  DDP_UNEVEN_BY_WORLD = 2
+} ddp_uneven_t;
 
 /* Where a grad's storage lives. */
 typedef enum ddp_layout {
@@ -240,7 +276,7 @@ DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
  * --------------------------------------------------------------------------------------------- */
 
 #define DDP_CONFIG_MAGIC 0xDD9C0F16u
-#define DDP_CONFIG_VERSION 3u
+#define DDP_CONFIG_VERSION 4u
 
 typedef struct ddp_config {
   size_t size;      /* sizeof(ddp_config_t) as compiled by the caller */
@@ -307,6 +343,15 @@ typedef struct ddp_config {
    * DDP_LAYOUT_ARENA and DDP_PLAN_REGISTRATION (the learned plan would move every shard, and the
    * optimizer state over it, after the first iteration); ddp_create refuses other combinations. */
   int shard;
+
+  /* Version 4 (libddp 0.2). ddp_compression_t: the type buckets travel in. Default
+   * DDP_COMPRESS_NONE. Not with a comm hook (ddp_set_comm_hook: the hook decides). */
+  int compression;
+  /* Version 4. ddp_uneven_t. With it set, every synced iteration begins (ddp_begin_backward) with one
+   * small exchange saying which ranks still contribute, so that a rank that has run out of data can
+   * call ddp_join and shadow the others' iterations until every rank has joined. Default
+   * DDP_UNEVEN_OFF: no exchange, and ddp_join is DDP_ERR_INVALID_STATE. */
+  int uneven_inputs;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
@@ -334,7 +379,9 @@ typedef struct ddp_config {
         0,                  /* inplace_min_numel: the library's choice */           \
         0,                  /* host_piece_bytes: the library's choice */            \
         0,                  /* stall_warning_ms: the library's choice (60 s) */     \
-        0                   /* shard: off */                                        \
+        0,                  /* shard: off */                                        \
+        DDP_COMPRESS_NONE,  /* compression: none */                                 \
+        DDP_UNEVEN_OFF      /* uneven_inputs: off */                                \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -432,6 +479,69 @@ DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t
 
 /* Waits on the host until all work the library enqueued has finished. */
 DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
+
+/* Uneven inputs: this rank has run out of data. Needs config.uneven_inputs. Instead of its next
+ * iterations, it shadows the others' synced iterations: it takes part in each bucket's collective
+ * with zeros (its grads are reduced as unused grads are, and receive the reduced values), while the
+ * others' averages divide by the ranks that contributed (or by the world: DDP_UNEVEN_BY_WORLD).
+ * Returns when every rank has called it, on every rank, with *all_joined_iteration (may be NULL) set
+ * to the number of synced iterations done by then: the same on every rank. The context is then as
+ * before, every rank contributing again (a new epoch may start). Each wait is bounded by
+ * timeout_ms. Not inside a backward pass. Collective. */
+DDP_API ddp_status_t ddp_join(ddp_t ddp, int64_t* all_joined_iteration);
+
+/* Reduces `count` elements of `dtype` (any ddp_dtype_t, integers included) at host address `buf`
+ * across the ranks, in place, with `op`: the loss, metrics, token counts. Every rank gets the same
+ * bits (floats are summed in rank order, in the type's own precision; 16-bit types in fp32 math).
+ * Over the context's control channel, whatever the comm (NCCL included); bounded by timeout_ms. For
+ * small buffers (each rank's buffer travels to every rank): grads go through the buckets. Not
+ * inside a backward pass. Collective. */
+DDP_API ddp_status_t ddp_allreduce_host(ddp_t ddp, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op);
+
+/* Returns when every rank has called it (bounded by timeout_ms). Not inside a backward pass.
+ * Collective. */
+DDP_API ddp_status_t ddp_barrier(ddp_t ddp);
+
+/* Communication hooks: a bucket handed to the caller's function instead of the library's allreduce. */
+typedef struct ddp_hook_bucket {
+  size_t size;        /* sizeof(ddp_hook_bucket_t) as the library knows it; fields are only appended */
+  int bucket;         /* the bucket's index in the plan */
+  int stream_index;   /* the bucket stream it runs on */
+  uint64_t iteration; /* synced iterations before this one */
+  void* buffer;       /* `count` elements of `dtype`, in the comm's memory kind, reduced in place */
+  size_t count;
+  ddp_dtype_t dtype;
+  void* stream;    /* GPU: the cudaStream_t to enqueue on; host: NULL (the call itself does the work) */
+  ddp_comm_t comm; /* the bucket stream's communicator, valid during the call: for ddp_comm_allreduce */
+  int rank, world;
+} ddp_hook_bucket_t;
+
+/* A comm hook. On return (host memory) or in `stream` order (GPU), bucket->buffer must hold the sum
+ * over the ranks of every rank's buffer: the library has applied gradient_predivide_factor before the
+ * call and applies the averaging after it. It runs on the bucket's worker thread (host) or the thread
+ * that launched the bucket (GPU), for every bucket of every synced iteration, in plan order on each
+ * stream, on every rank; it must issue the same collectives on every rank. It may call
+ * ddp_comm_allreduce on bucket->comm, and no other libddp function of this context. A status other
+ * than DDP_SUCCESS fails the bucket as a failed collective does, and the context aborts:
+ * ddp_finish_backward returns DDP_ERR_TIMEOUT for a hook's timeout, DDP_ERR_ABORTED otherwise, with
+ * the message "comm hook returned S (text) for bucket B: <the hook thread's ddp_last_error()>". */
+typedef ddp_status_t (*ddp_comm_hook_fn)(const ddp_hook_bucket_t* bucket, void* user_data);
+
+/* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. Before the first
+ * backward pass (while registration is open); every rank must set one, or none. Buckets with a hook
+ * are always packed into one buffer and handed over whole. Not with config.shard or
+ * config.compression (DDP_ERR_INVALID_STATE). */
+DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* user_data);
+
+/* In-place allreduce on a communicator: `count` elements of a float `dtype` in the comm's memory kind
+ * (host memory: synchronous; NCCL: enqueued on `stream`, a cudaStream_t). For comm hooks, on
+ * bucket->comm; also on any host comm outside a context (device memory outside a hook is
+ * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by
+ * the world size). Host comms sum 16-bit types in fp32 math, rounding after each addition. Bounded
+ * by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS (default 300000 ms) outside.
+ * Collective. */
+DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op,
+                                        void* stream);
 
 /* Counters since creation. A versioned struct, like ddp_config_t: set `size` to sizeof(ddp_stats_t)
  * first; the library writes the fields that lie wholly within `size` bytes (a field partly past

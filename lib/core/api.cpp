@@ -68,7 +68,7 @@ void resolve_stream_comms(Settings& s, const Comm& base) {
 
 Comm& comm(ddp_comm_t c) {
   if (!c) fail(DDP_ERR_INVALID_ARGUMENT, "the ddp_comm_t handle is NULL");
-  return *c->impl;
+  return c->get();
 }
 
 ddp_comm_t wrap(std::unique_ptr<Comm> c) {
@@ -358,6 +358,105 @@ ddp_status_t ddp_broadcast(ddp_t d, void* const* buffers, const size_t* counts, 
 
 ddp_status_t ddp_synchronize(ddp_t d) {
   return guard(__func__, [&] { ctx(d).synchronize(); });
+}
+
+ddp_status_t ddp_join(ddp_t d, int64_t* all_joined_iteration) {
+  return guard(__func__, [&] {
+    const uint64_t n = ctx(d).join();
+    if (all_joined_iteration) *all_joined_iteration = static_cast<int64_t>(n);
+  });
+}
+
+ddp_status_t ddp_allreduce_host(ddp_t d, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+  return guard(__func__, [&] { ctx(d).allreduce_host(buf, count, enum_value(dtype), enum_value(op)); });
+}
+
+ddp_status_t ddp_barrier(ddp_t d) {
+  return guard(__func__, [&] { ctx(d).barrier(); });
+}
+
+namespace {
+
+// The comm hook being run on this thread (ddp_comm_allreduce inside it uses its stream and deadline).
+thread_local const HookCall* t_hook = nullptr;
+
+// What ddp_comm_allreduce hands a host comm outside a hook: host comms run collectives on the
+// calling thread and never use the stream.
+class CallingThread final : public Stream {
+ public:
+  void reserve(size_t) override {}
+  void submit(Task* t) override { t->run(); }
+  void drain(Deadline) override {}
+  bool runs_inline() const override { return true; }
+  void* native() override { return nullptr; }
+  void poll_error() override {}
+  void cancel() override {}
+};
+
+}  // namespace
+
+ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) {
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    if (!hook) return c.set_comm_hook(nullptr);
+    c.set_comm_hook([hook, user_data](const HookCall& h) {
+      ddp_comm borrowed;
+      borrowed.borrowed = h.comm;
+      ddp_hook_bucket_t b;
+      std::memset(&b, 0, sizeof b);
+      b.size = sizeof b;
+      b.bucket = h.bucket;
+      b.stream_index = h.stream_index;
+      b.iteration = h.iteration;
+      b.buffer = h.buffer;
+      b.count = h.count;
+      b.dtype = static_cast<ddp_dtype_t>(static_cast<int>(h.dtype));
+      b.stream = h.stream->native();
+      b.comm = &borrowed;
+      b.rank = h.comm->rank();
+      b.world = h.comm->size();
+      const HookCall* outer = t_hook;
+      t_hook = &h;
+      const ddp_status_t st = hook(&b, user_data);
+      t_hook = outer;
+      if (st != DDP_SUCCESS)
+        fail(st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_ABORTED, "comm hook returned %d (%s) for bucket %d: %s",
+             static_cast<int>(st), ddp_status_string(st), h.bucket, ddp_last_error());
+    });
+  });
+}
+
+ddp_status_t ddp_comm_allreduce(ddp_comm_t c, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op, void* stream) {
+  return guard(__func__, [&] {
+    Comm& k = comm(c);
+    const int dt = enum_value(dtype), o = enum_value(op);
+    if (!dtype_valid(dt)) fail(DDP_ERR_INVALID_ARGUMENT, "dtype %d is not a float ddp_dtype_t (DDP_F16..DDP_F64)", dt);
+    if (o != DDP_OP_SUM && o != DDP_OP_AVG)
+      fail(DDP_ERR_INVALID_ARGUMENT, "op %d: ddp_comm_allreduce sums (DDP_OP_SUM) or averages (DDP_OP_AVG)", o);
+    if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
+    const Dtype d = static_cast<Dtype>(dt);
+    if (k.memory() == Memory::Device && !k.supports_wire(d))
+      fail(DDP_ERR_UNSUPPORTED, "this communicator cannot sum %s", dtype_name(d));
+    Reduction red;
+    if (o == DDP_OP_AVG) {
+      if (k.supports(RedOp::Avg))
+        red = Reduction{RedOp::Avg, 1.0};
+      else if (k.supports(RedOp::SumScaled))
+        red = Reduction{RedOp::SumScaled, 1.0 / k.size()};
+      else
+        fail(DDP_ERR_UNSUPPORTED, "this communicator cannot average: sum, then scale");
+    }
+    if (count == 0) return;
+    const bool in_hook = t_hook && t_hook->comm == &k;
+    if (in_hook) return k.allreduce(buf, buf, count, d, red, *t_hook->stream, t_hook->deadline);
+    if (k.memory() == Memory::Device)
+      fail(DDP_ERR_UNSUPPORTED,
+           "device memory outside a comm hook: reduce on your own stream with NCCL, or host "
+           "values with ddp_allreduce_host");
+    (void)stream;
+    CallingThread s;
+    k.allreduce(buf, buf, count, d, red, s, Deadline::after_ms(default_init_timeout_ms()));
+  });
 }
 
 ddp_status_t ddp_get_stats(ddp_t d, ddp_stats_t* stats) {

@@ -143,7 +143,10 @@ enum class Call : int32_t {
   Broadcast,
   Destroyed,
   WaitParams,
-  ShardNorm
+  ShardNorm,
+  Join,
+  HostAllreduce,
+  Barrier
 };
 struct Position {
   int64_t iteration = -1;  // -1: the rank did not answer

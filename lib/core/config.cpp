@@ -130,6 +130,10 @@ void check_header(const ddp_config_t& c) {
 // Settings that are each valid but cannot go together.
 void check_combination(const ddp_config_t& c) {
   if (!c.shard) return;
+  if (c.uneven_inputs != DDP_UNEVEN_OFF)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.uneven_inputs is not available with config.shard: a joined rank would stop updating its "
+         "parameter shard, which every other rank gathers");
   if (c.layout != DDP_LAYOUT_ARENA)
     fail(DDP_ERR_INVALID_ARGUMENT,
          "config.shard needs config.layout = DDP_LAYOUT_ARENA: a shard is one contiguous range of the "

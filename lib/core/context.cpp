@@ -28,6 +28,12 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
     comms_ = cfg_.stream_comms;
   }
   device_ = comm.make_device();
+  if (cfg_.c.compression != DDP_COMPRESS_NONE && comm.memory() == Memory::Device) {
+    const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
+    if (!comm.supports_wire(w))
+      fail(DDP_ERR_UNSUPPORTED, "config.compression: this communicator cannot sum %s (NCCL 2.10 or later has bf16)",
+           dtype_name(w));
+  }
   for (int i = 0; i < cfg_.c.num_streams; ++i) streams_.push_back(device_->make_stream(i));
   if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_, cfg_.c.num_streams));
   stall_ms_ = cfg_.c.stall_warning_ms > 0 ? cfg_.c.stall_warning_ms : 60000;
@@ -67,6 +73,9 @@ void Context::abort(const Error& e) {
   if (reducer_) reducer_->cancel();
   for (Comm* c : comms_) c->abort();
   ctrl_->abort();
+  // ddp_broadcast's channel too: the context is over, and a communicator that may share a transport
+  // with a written-off worker (Gloo's) is then kept rather than torn down under it.
+  if (bcast_) bcast_->abort();
   if (timeline_) timeline_->flush();  // what led here is on disk even if the process never destroys the context
 }
 
@@ -130,6 +139,9 @@ void Context::commit_locked() {
     env.inplace_min_numel = cfg_.c.inplace_min_numel;
     env.piece_bytes = cfg_.c.host_piece_bytes;
     env.timeout_ms = cfg_.c.timeout_ms;
+    env.compress = cfg_.c.compression != DDP_COMPRESS_NONE;
+    env.compress_wire = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
+    env.hook = hook_;
     env.counters = &counters_;
     env.timeline = timeline_.get();
     reducer_.reset(new Reducer(env, specs_));

@@ -8,6 +8,7 @@
 // by the C shell with the context's lock held by this class itself.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,12 @@ class Context {
   void gather_params(void* stream);
   void wait_params(int index, void* stream);
   void shard_norm(void* stream, double* norm, uint64_t* nonfinite);
+  // Uneven inputs and the control-path collectives (collectives.cpp).
+  uint64_t join();
+  void allreduce_host(void* buf, size_t count, int dtype, int op);
+  void barrier();
+  // A comm hook (empty: none). Before the first backward pass.
+  void set_comm_hook(std::function<void(const HookCall&)> hook);
 
  private:
   enum class State { Open, Idle, InBackward };
@@ -86,6 +93,18 @@ class Context {
   const Plan& committed_plan();
   void abort(const Error& e);
   void check_sharded() const;
+  // What a rank is doing on the control path, sent before the call's data: ranks that called
+  // different things fail with DDP_ERR_MISMATCH instead of mixing their bytes.
+  struct CallRecord {
+    int32_t kind = 0, dtype = 0, op = 0, flag = 0;
+    uint64_t count = 0;
+  };
+  enum : int32_t { kVote = 1, kHostAllreduce = 2, kBarrier = 3 };
+  std::vector<CallRecord> exchange_call(const CallRecord& mine);
+  // Uneven inputs: says whether this rank contributes to the synced iteration that starts, and
+  // returns how many ranks do (the averages' divisor follows).
+  int vote(bool contributing);
+  void shadow_iteration();
   // A reduction finished (or, with sync off, a backward pass only accumulated): what gathers may follow.
   void shards_reduced(bool synced);
 
@@ -119,6 +138,7 @@ class Context {
   uint64_t begin_ns_ = 0;
   void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
+  std::function<void(const HookCall&)> hook_;
   UnusedReport unused_report_;
   int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
   int64_t warned_iteration_ = -1;   // the iteration whose stall was reported (once per wait)

@@ -19,6 +19,9 @@ const char* call_text(int32_t c) {
     case Call::Destroyed: return "in ddp_destroy";
     case Call::WaitParams: return "in ddp_wait_params";
     case Call::ShardNorm: return "in ddp_shard_norm";
+    case Call::Join: return "in ddp_join";
+    case Call::HostAllreduce: return "in ddp_allreduce_host";
+    case Call::Barrier: return "in ddp_barrier";
   }
   return "in an unknown call";
 }

@@ -9,6 +9,8 @@
 
 struct ddp_comm {
   std::unique_ptr<ddp::Comm> impl;
+  ddp::Comm* borrowed = nullptr;  // a comm hook's bucket->comm: the context's, valid during the call
+  ddp::Comm& get() const { return borrowed ? *borrowed : *impl; }
 };
 
 struct ddp_local_group {

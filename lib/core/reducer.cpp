@@ -85,13 +85,26 @@ void Reducer::GatherTask::run() {
 }
 
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
-  // Scaling (apex): multiply by 1/f before the sum, by f/world after it (or not at all without
-  // averaging). Fuse into the collective where the engine can: ncclAvg, a pre-multiplied sum, or a
-  // sum the engine scales itself (the host ring).
+  set_divisor(env_.world);
   const Comm& c = *env_.comms.at(0);
+  // Grouping interleaves several buckets' phases on this thread: streams that run tasks inline only.
+  can_group_ = c.can_group() && !env_.streams.empty() && env_.streams[0]->runs_inline() && !env_.hook;
+  // The streams keep the timeout: a collective of a dead peer never returns on its own.
+  for (Stream* s : env_.streams) s->set_task_timeout(env_.timeout_ms);
+}
+
+// Scaling (apex): multiply by 1/f before the sum, by f/divisor after it (or not at all without
+// averaging); the divisor is the world, or the ranks that contribute (uneven inputs). Fused into the
+// collective where the engine can: ncclAvg, a pre-multiplied sum, or a sum the engine scales itself
+// (the host ring). A comm hook sums only: both factors stay passes of their own.
+void Reducer::set_divisor(int divisor) {
+  const Comm& c = *env_.comms.at(0);
+  divisor_ = divisor;
+  red_ = Reduction{};
   pre_ = 1.0 / env_.predivide;
-  post_ = env_.average ? env_.predivide / env_.world : 1.0;
-  if (env_.average && env_.predivide == 1.0 && c.supports(RedOp::Avg)) {
+  post_ = env_.average ? env_.predivide / divisor : 1.0;
+  if (env_.hook) {
+  } else if (env_.average && env_.predivide == 1.0 && divisor == env_.world && c.supports(RedOp::Avg)) {
     red_ = Reduction{RedOp::Avg, 1.0};
     post_ = 1.0;
   } else if (pre_ != 1.0 && c.supports(RedOp::PreMulSum)) {
@@ -101,10 +114,21 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
     red_ = Reduction{RedOp::SumScaled, post_};
     post_ = 1.0;
   }
-  // Grouping interleaves several buckets' phases on this thread: streams that run tasks inline only.
-  can_group_ = c.can_group() && !env_.streams.empty() && env_.streams[0]->runs_inline();
-  // The streams keep the timeout: a collective of a dead peer never returns on its own.
-  for (Stream* s : env_.streams) s->set_task_timeout(env_.timeout_ms);
+  for (auto& r : rt_) bucket_factors(*r);
+}
+
+// A bucket's share of the scaling.
+void Reducer::bucket_factors(BucketRt& r) const {
+  r.red = red_;
+  r.pre = pre_;
+  r.post = post_;
+  // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
+  // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
+  // rounding per element, as apex's pre-division is.
+  if (red_.op == RedOp::PreMulSum && is_16bit(r.wire) && !exact_in(r.wire, red_.factor)) {
+    r.red = Reduction{RedOp::Sum, 1.0};
+    r.pre = red_.factor;
+  }
 }
 
 // The device decides whether a buffer can be freed: one written by a collective it had to abandon is
@@ -174,26 +198,19 @@ std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vec
   r->size = static_cast<int>(bk.grads.size());
   Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
   r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
+  if (env_.compress && !is_16bit(bk.dtype)) r->wire = env_.compress_wire;  // every host comm sums 16 bits
   r->gather_task.reducer = r->task.reducer;
   r->gather_task.bucket = r->task.bucket;
   r->padded = padded_numel(bk);
   r->shard_n = r->padded / static_cast<size_t>(env_.world);
-  // Sharded buckets go whole to the comm's reduce-scatter, which cuts its own pieces.
-  r->piece = env_.shard ? 0 : c.piece_elems(r->wire, env_.piece_bytes);
-  r->red = red_;
-  r->pre = pre_;
-  r->post = post_;
-  // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
-  // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
-  // rounding per element, as apex's pre-division is.
-  if (red_.op == RedOp::PreMulSum && is_16bit(r->wire) && !exact_in(r->wire, red_.factor)) {
-    r->red = Reduction{RedOp::Sum, 1.0};
-    r->pre = red_.factor;
-  }
+  // Sharded buckets go whole to the comm's reduce-scatter, which cuts its own pieces; a comm hook
+  // gets the whole bucket in one buffer.
+  r->piece = env_.shard || env_.hook ? 0 : c.piece_elems(r->wire, env_.piece_bytes);
+  bucket_factors(*r);
   // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
   // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
   const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
-  const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0;
+  const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0 && !env_.hook;
   for (size_t s = 0; s < bk.grads.size(); ++s) {
     size_t g = static_cast<size_t>(bk.grads[s]);
     const size_t n = specs_[g].numel;
@@ -422,6 +439,12 @@ void Reducer::stage_in(int b) {
 void Reducer::collectives(int b, bool own_group) {
   auto [r, bk, s, d, c] = work(b);
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+  if (env_.hook) {  // the caller's reduction of the whole bucket (never sharded, never in place)
+    const bool staged = !env_.arena || r.wire != bk.dtype;
+    env_.hook(HookCall{b, bk.stream, iteration_, staged ? staging(b) : r.base, staged ? r.packed_numel : bk.numel,
+                       r.wire, &s, &c, dl});
+    return;
+  }
   if (env_.arena && r.wire == bk.dtype) {
     if (env_.shard)
       c.reduce_scatter(r.base, r.shard_n, bk.dtype, r.red, s, dl);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,19 @@ struct Counters {
   std::atomic<int32_t> launched{0}, done{0}, buckets{0};
 };
 
+// A comm hook's call: bucket `bucket`'s buffer of `count` elements of `dtype`, to be summed across the
+// ranks in place, in order on `stream` over `comm`, by `deadline`.
+struct HookCall {
+  int bucket, stream_index;
+  uint64_t iteration;
+  void* buffer;
+  size_t count;
+  Dtype dtype;
+  Stream* stream;
+  Comm* comm;
+  Deadline deadline;
+};
+
 // What a reducer needs from its context: settings and the backend objects, all owned elsewhere.
 struct ReducerEnv {
   Device* device = nullptr;
@@ -44,6 +58,9 @@ struct ReducerEnv {
                                  // library's choice: one piece on host comms, never on GPUs)
   size_t piece_bytes = 0;        // host comms: bytes per collective piece (0: the comm's choice)
   int64_t timeout_ms = 0;
+  bool compress = false;  // f32/f64 buckets travel as compress_wire (16-bit)
+  Dtype compress_wire = Dtype::BF16;
+  std::function<void(const HookCall&)> hook;  // a comm hook instead of the collectives (none: empty)
   Counters* counters = nullptr;
   Timeline* timeline = nullptr;
 };
@@ -83,6 +100,9 @@ class Reducer {
   void finish(void* user_stream, Deadline dl);
   // Stops queued work after a fatal error.
   void cancel();
+  // Averages divide by `divisor` ranks from the next launch on (uneven inputs: the contributors).
+  void set_divisor(int divisor);
+  int divisor() const { return divisor_; }
 
   // --- Sharded contexts ---
   // This rank's shard of bucket b.
@@ -148,6 +168,7 @@ class Reducer {
   size_t padded_numel(const Bucket& bk) const;
   std::string where(int b) const;
   void set_zero(int g, bool zero);
+  void bucket_factors(BucketRt& r) const;
 
   ReducerEnv env_;
   const std::vector<GradSpec>& specs_;
@@ -170,6 +191,7 @@ class Reducer {
   bool can_group_ = false;  // several buckets' collectives can be issued as one group
   Reduction red_;
   double pre_ = 1.0, post_ = 1.0;
+  int divisor_ = 1;
 };
 
 }  // namespace ddp

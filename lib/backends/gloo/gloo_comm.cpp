@@ -172,6 +172,7 @@ class GlooComm final : public Comm {
       host::keep_until_exit(ctx_);
       host::keep_until_exit(world_);
       host::keep_until_exit(link_);
+      host::keep_until_exit(ring_);
     }
   }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/elementwise.h"
 #include "backends/host/host_device.hpp"
+#include "backends/host/host_kernels.hpp"
 
 namespace ddp {
 
@@ -129,26 +130,18 @@ class LocalComm final : public Comm {
 
   void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
-    if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
     const size_t bytes = n * dtype_size(d);
     // post() copies `send` into the channel, so the sum can go straight into recv, in place or not.
     post(send, bytes, dl);
-    if (d == Dtype::F32)
-      sum<float>(recv, n);
-    else
-      sum<double>(recv, n);
+    sum(recv, n, d, 0);
     barrier(dl);  // everyone has read every buffer
   }
 
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
-    if (!supports_wire(d)) fail(DDP_ERR_INTERNAL, "local comm: no %s arithmetic", dtype_name(d));
     const size_t es = dtype_size(d), at = static_cast<size_t>(rank_) * m;
     post(buf, m * static_cast<size_t>(size()) * es, dl);
-    if (d == Dtype::F32)
-      sum<float>(static_cast<float*>(buf) + at, m, at);
-    else
-      sum<double>(static_cast<double*>(buf) + at, m, at);
+    sum(static_cast<char*>(buf) + at * es, m, d, at);
     barrier(dl);
   }
 
@@ -186,9 +179,19 @@ class LocalComm final : public Comm {
   }
 
  private:
-  // out[i] = the sum over ranks of posted[r][from + i], added in rank order.
+  // out[i] = the sum over ranks of posted[r][from + i], added in rank order (16-bit types in fp32
+  // math, rounded after each addition, as the host ring does: a 16-bit wire of compressed buckets).
+  void sum(void* out, size_t n, Dtype d, size_t from) {
+    if (d == Dtype::F32) return sum<float>(out, n, from);
+    if (d == Dtype::F64) return sum<double>(out, n, from);
+    const size_t es = dtype_size(d);
+    std::memcpy(out, static_cast<const char*>(channel_->posted[0]) + from * es, n * es);
+    for (int r = 1; r < size(); ++r)
+      host::sum_scaled(out, static_cast<const char*>(channel_->posted[static_cast<size_t>(r)]) + from * es, out, n, d,
+                       1.0);
+  }
   template <class T>
-  void sum(void* out, size_t n, size_t from = 0) {
+  void sum(void* out, size_t n, size_t from) {
     T* acc = static_cast<T*>(out);
     const T* first = static_cast<const T*>(channel_->posted[0]) + from;
     std::memcpy(acc, first, n * sizeof(T));

@@ -309,8 +309,11 @@ class MpiComm final : public Comm {
             const size_t k = std::min(step, n - done);
             void* to = static_cast<char*>(recv) + done * es;
             const void* from = static_cast<const char*>(send) + done * es;
-            if (k * es >= kRingMinBytes) {
+            if (k * es >= kRingMinBytes || (is_16bit(d) && k >= static_cast<size_t>(size_))) {
+              // MPI has no 16-bit arithmetic: a 16-bit wire (compression) always takes the ring.
               host::ring_allreduce(link, ring, from, to, k, d, factor);
+            } else if (is_16bit(d)) {
+              gathered_allreduce(ring, from, to, k, d, factor, link.worker(), dl);
             } else {
               mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, link.worker(), dl);
               if (factor != 1.0) host::convert(to, d, to, d, k, factor);
@@ -396,6 +399,25 @@ class MpiComm final : public Comm {
       if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(ring);
       throw;
     }
+  }
+
+  // Fewer elements than ranks, of a type MPI cannot sum: every rank's elements to every rank, then a
+  // sum in rank order (the same bits everywhere).
+  void gathered_allreduce(host::RingBuffer& ring, const void* from, void* to, size_t k, Dtype d, double factor,
+                          bool worker, Deadline dl) {
+    const size_t bytes = k * dtype_size(d);
+    char* all = ring.ensure(bytes * static_cast<size_t>(size_));
+    const int n = static_cast<int>(bytes);
+    if (worker) {
+      DDP_MPI_CHECK(MPI_Allgather(from, n, MPI_BYTE, all, n, MPI_BYTE, comm_));
+    } else {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Iallgather(from, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &req));
+      wait_request(&req, dl, "MPI allgather");
+    }
+    host::convert(all, d, to, d, k, 1.0);
+    for (int r = 1; r < size_; ++r)
+      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == size_ - 1 ? factor : 1.0);
   }
 
   void mpi_allreduce(const void* from, void* to, size_t k, Dtype d, bool worker, Deadline dl) {

@@ -1,0 +1,143 @@
+// The context's control-path collectives: uneven inputs (the per-iteration vote, ddp_join and its
+// shadow iterations), ddp_allreduce_host and ddp_barrier, and the comm hook's setting. Each call first
+// exchanges what every rank is calling, so that ranks that called different things fail together.
+#include <algorithm>
+#include <cstring>
+
+#include "core/context.hpp"
+#include "core/host_reduce.hpp"
+
+namespace ddp {
+
+namespace {
+
+std::string describe(int32_t kind, int32_t dtype, int32_t op, int32_t flag, uint64_t count) {
+  switch (kind) {
+    case 1: return flag ? "a synced iteration (ddp_begin_backward or ddp_reduce_all)" : "ddp_join";
+    case 2:
+      return format("ddp_allreduce_host(%llu elements of %s, %s)", static_cast<unsigned long long>(count),
+                    host_dtype_name(dtype), op_name(op));
+    case 3: return "ddp_barrier";
+  }
+  return format("an unknown call (%d)", kind);
+}
+
+}  // namespace
+
+std::vector<Context::CallRecord> Context::exchange_call(const CallRecord& mine) {
+  std::vector<CallRecord> all(static_cast<size_t>(world_));
+  static_assert(sizeof(CallRecord) == 24, "a call record travels as 24 bytes");
+  ctrl_->allgather_host(&mine, all.data(), sizeof(CallRecord), deadline());
+  for (int r = 0; r < world_; ++r) {
+    const CallRecord& o = all[static_cast<size_t>(r)];
+    const bool votes = o.kind == kVote && mine.kind == kVote;  // joined and contributing ranks agree
+    if (votes || (o.kind == mine.kind && o.dtype == mine.dtype && o.op == mine.op && o.count == mine.count &&
+                  o.flag == mine.flag))
+      continue;
+    fail(DDP_ERR_MISMATCH, "the ranks called different collectives: rank %d %s, rank %d %s", rank_,
+         describe(mine.kind, mine.dtype, mine.op, mine.flag, mine.count).c_str(), r,
+         describe(o.kind, o.dtype, o.op, o.flag, o.count).c_str());
+  }
+  return all;
+}
+
+int Context::vote(bool contributing) {
+  CallRecord mine;
+  mine.kind = kVote;
+  mine.flag = contributing ? 1 : 0;
+  int n = 0;
+  for (const CallRecord& r : exchange_call(mine)) n += r.flag;
+  if (n > 0 && cfg_.c.uneven_inputs == DDP_UNEVEN_BY_CONTRIBUTORS && n != reducer_->divisor()) reducer_->set_divisor(n);
+  return n;
+}
+
+// One of the others' synced iterations, with every grad of this rank a zero contribution: the same
+// buckets, collectives and control exchanges as theirs (the learned plan's first pass included).
+void Context::shadow_iteration() {
+  learning_ = cfg_.learned() && !reducer_->plan().learned;
+  if (learning_) learner_.reset(specs_.size());
+  reducer_->begin(nullptr, iterations_);
+  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  if (learning_) {
+    learning_ = false;
+    learn_plan();
+  }
+  reducer_->unready_grads(&scratch_unused_);
+  reducer_->launch_rest();
+  wait_buckets(nullptr);
+  // The others' unused-grad report: this rank reports none (its grads are absent, not unused).
+  if (!cfg_.unused_zero()) (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline());
+  ++iterations_;
+  shards_reduced(true);
+}
+
+uint64_t Context::join() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  if (cfg_.c.uneven_inputs == DDP_UNEVEN_OFF)
+    fail(DDP_ERR_INVALID_STATE,
+         "ddp_join needs config.uneven_inputs (DDP_UNEVEN_BY_CONTRIBUTORS or DDP_UNEVEN_BY_WORLD) on every rank");
+  if (!sync_)
+    fail(DDP_ERR_INVALID_STATE, "sync is off (ddp_set_sync(ddp, 0)): turn it on before ddp_join; a joined rank "
+                                "shadows synced iterations");
+  CallScope scope(this, Call::Join, Call::Idle);
+  fatal_on_error([&] {
+    commit_locked();
+    while (vote(false) > 0) shadow_iteration();
+    if (reducer_->divisor() != world_) reducer_->set_divisor(world_);  // every rank contributes again
+  });
+  return iterations_;
+}
+
+void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  if (!host_dtype_valid(dtype))
+    fail(DDP_ERR_INVALID_ARGUMENT, "dtype %d is not a ddp_dtype_t (DDP_F16..DDP_F64, DDP_I32, DDP_I64)", dtype);
+  if (op < DDP_OP_SUM || op > DDP_OP_MIN)
+    fail(DDP_ERR_INVALID_ARGUMENT, "op %d is not a ddp_op_t (DDP_OP_SUM, _AVG, _MAX or _MIN)", op);
+  if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
+  const size_t es = host_dtype_size(dtype);
+  if (count > (size_t(1) << 31) / es / static_cast<size_t>(world_))
+    fail(DDP_ERR_INVALID_ARGUMENT, "%zu elements of %s is too large for the control path (every rank's buffer "
+                                   "reaches every rank): reduce grads through the buckets", count, host_dtype_name(dtype));
+  CallScope scope(this, Call::HostAllreduce);
+  fatal_on_error([&] {
+    CallRecord mine;
+    mine.kind = kHostAllreduce;
+    mine.dtype = dtype;
+    mine.op = op;
+    mine.count = count;
+    exchange_call(mine);
+    if (count == 0) return;
+    std::vector<char> all(count * es * static_cast<size_t>(world_));
+    ctrl_->allgather_host(buf, all.data(), count * es, deadline());
+    reduce_in_rank_order(all.data(), world_, count, dtype, op, buf);
+  });
+}
+
+void Context::barrier() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  CallScope scope(this, Call::Barrier);
+  CallRecord mine;
+  mine.kind = kBarrier;
+  fatal_on_error([&] { exchange_call(mine); });
+}
+
+void Context::set_comm_hook(std::function<void(const HookCall&)> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ != State::Open)
+    fail(DDP_ERR_INVALID_STATE, "a comm hook is set before the first backward pass (while registration is open)");
+  if (hook && cfg_.sharded())
+    fail(DDP_ERR_INVALID_STATE, "a comm hook replaces the allreduce; sharded contexts reduce-scatter (config.shard)");
+  if (hook && cfg_.c.compression != DDP_COMPRESS_NONE)
+    fail(DDP_ERR_INVALID_STATE, "config.compression is set: a comm hook decides the wire itself");
+  hook_ = std::move(hook);
+}
+
+}  // namespace ddp
