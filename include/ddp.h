@@ -513,7 +513,8 @@ typedef struct ddp_hook_bucket {
   ddp_dtype_t dtype;
   void* stream;    /* GPU: the cudaStream_t to enqueue on; host: NULL (the call itself does the work) */
   ddp_comm_t comm; /* the bucket stream's communicator, valid during the call: for ddp_comm_allreduce */
-  int rank, world;
+  int rank;        /* this rank in comm */
+  int world;       /* comm's size */
 } ddp_hook_bucket_t;
 
 /* A comm hook. On return (host memory) or in `stream` order (GPU), bucket->buffer must hold the sum

@@ -79,8 +79,9 @@ uint64_t Context::join() {
     fail(DDP_ERR_INVALID_STATE,
          "ddp_join needs config.uneven_inputs (DDP_UNEVEN_BY_CONTRIBUTORS or DDP_UNEVEN_BY_WORLD) on every rank");
   if (!sync_)
-    fail(DDP_ERR_INVALID_STATE, "sync is off (ddp_set_sync(ddp, 0)): turn it on before ddp_join; a joined rank "
-                                "shadows synced iterations");
+    fail(DDP_ERR_INVALID_STATE,
+         "sync is off (ddp_set_sync(ddp, 0)): turn it on before ddp_join; a joined rank "
+         "shadows synced iterations");
   CallScope scope(this, Call::Join, Call::Idle);
   fatal_on_error([&] {
     commit_locked();
@@ -101,8 +102,10 @@ void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
   if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
   const size_t es = host_dtype_size(dtype);
   if (count > (size_t(1) << 31) / es / static_cast<size_t>(world_))
-    fail(DDP_ERR_INVALID_ARGUMENT, "%zu elements of %s is too large for the control path (every rank's buffer "
-                                   "reaches every rank): reduce grads through the buckets", count, host_dtype_name(dtype));
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "%zu elements of %s is too large for the control path (every rank's buffer "
+         "reaches every rank): reduce grads through the buckets",
+         count, host_dtype_name(dtype));
   CallScope scope(this, Call::HostAllreduce);
   fatal_on_error([&] {
     CallRecord mine;

@@ -133,8 +133,8 @@ void test_host_collectives(uint64_t seed) {
   // Bad arguments: refused on the rank that made them, before any exchange.
   why.clear();
   double x = 0;
-  ok = expect_status(ddp_allreduce_host(d, &x, 1, static_cast<ddp_dtype_t>(7), DDP_OP_SUM),
-                     DDP_ERR_INVALID_ARGUMENT, "dtype 7 is not a ddp_dtype_t", &why) &&
+  ok = expect_status(ddp_allreduce_host(d, &x, 1, static_cast<ddp_dtype_t>(7), DDP_OP_SUM), DDP_ERR_INVALID_ARGUMENT,
+                     "dtype 7 is not a ddp_dtype_t", &why) &&
        expect_status(ddp_allreduce_host(d, &x, 1, DDP_F64, static_cast<ddp_op_t>(9)), DDP_ERR_INVALID_ARGUMENT,
                      "op 9 is not a ddp_op_t", &why) &&
        expect_status(ddp_allreduce_host(d, nullptr, 3, DDP_F64, DDP_OP_SUM), DDP_ERR_INVALID_ARGUMENT,
@@ -483,8 +483,7 @@ bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
   HookLog log;
   EXPECT_OK(ddp_set_comm_hook(d, summing_hook, &log));
   if (!register_model(d, m, l.arena, why)) return false;
-  if (!expect_status(ddp_set_comm_hook(d, summing_hook, &log), DDP_ERR_INVALID_STATE, "before the first backward",
-                     why))
+  if (!expect_status(ddp_set_comm_hook(d, summing_hook, &log), DDP_ERR_INVALID_STATE, "before the first backward", why))
     return false;
   size_t total = 0;
   for (size_t n : m.numel) total += n;
@@ -544,8 +543,9 @@ void test_hooks(uint64_t seed) {
               ddp_register_grad(d, b.data(), b.size(), DDP_F32, 0, &ib) == DDP_SUCCESS &&
               ddp_begin_backward(d, nullptr) == DDP_SUCCESS && ddp_grad_ready(d, ib) == DDP_SUCCESS &&
               ddp_grad_ready(d, ia) == DDP_SUCCESS;
-    ok = ok && expect_status(ddp_finish_backward(d, nullptr), DDP_ERR_ABORTED,
-                             "comm hook returned 1 (invalid argument) for bucket 1", &why) &&
+    ok = ok &&
+         expect_status(ddp_finish_backward(d, nullptr), DDP_ERR_ABORTED,
+                       "comm hook returned 1 (invalid argument) for bucket 1", &why) &&
          expect_status(ddp_begin_backward(d, nullptr), DDP_ERR_ABORTED, "aborted", &why);
     ddp_destroy(d);
     record("hook: a failing hook fails the iteration and aborts the context", ok, why);

@@ -30,7 +30,7 @@ const ERR_INTERNAL = 11
 const VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
 const VERSION_CODE = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 const CONFIG_MAGIC = 0xDD9C0F16
-const CONFIG_VERSION = 3
+const CONFIG_VERSION = 4
 
 const F16, BF16, F32, F64 = Cint(0), Cint(1), Cint(2), Cint(3)
 dtype_of(::Type{Float16}) = F16
@@ -49,7 +49,8 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
                    :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
                    :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr, :ddp_broadcast_params,
-                   :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback)
+                   :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback,
+                   :ddp_join, :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook, :ddp_comm_allreduce)
 
 # LIBDDP_PATH (a file or a directory) first; then the library `make` built in the repository this
 # package lives in (Pkg.develop(path="bindings/julia")); then the system's search path.
@@ -105,6 +106,8 @@ mutable struct Config
     host_piece_bytes::Csize_t  # version 2
     stall_warning_ms::Int64    # version 2
     shard::Cint                # version 3
+    compression::Cint          # version 4
+    uneven_inputs::Cint
     Config() = new()
 end
 
@@ -147,7 +150,9 @@ end
 
 const ENUMS = Dict(:layout => Dict(:copy => 0, :arena => 1),
                    :plan_order => Dict(:learned => 0, :registration => 1),
-                   :unused_policy => Dict(:error => 0, :zero => 1))
+                   :unused_policy => Dict(:error => 0, :zero => 1),
+                   :compression => Dict(:none => 0, :bf16 => 1, :fp16 => 2),
+                   :uneven_inputs => Dict(:off => 0, :by_contributors => 1, :by_world => 2))
 
 # ---- communicators -----------------------------------------------------------------------------
 mutable struct Comm
@@ -317,6 +322,31 @@ finish_backward(d::DDP) = check(ccall(sym(:ddp_finish_backward), Cint, (Ptr{Cvoi
 set_sync(d::DDP, on::Bool) = check(ccall(sym(:ddp_set_sync), Cint, (Ptr{Cvoid}, Cint), handle(d), on))
 reduce_all(d::DDP) = check(ccall(sym(:ddp_reduce_all), Cint, (Ptr{Cvoid}, Ptr{Cvoid}), handle(d), C_NULL))
 synchronize(d::DDP) = check(ccall(sym(:ddp_synchronize), Cint, (Ptr{Cvoid},), handle(d)))
+
+"""`join_uneven(d)` (ddp_join; not Base.join): uneven inputs (`uneven_inputs = :by_contributors` or `:by_world`): this rank is out of
+data and shadows the others' iterations until every rank has joined; returns the synced iterations
+done by then. Collective."""
+function join_uneven(d::DDP)
+    at = Ref{Int64}(0)
+    check(ccall(sym(:ddp_join), Cint, (Ptr{Cvoid}, Ref{Int64}), handle(d), at))
+    return Int(at[])
+end
+
+const HOST_DTYPES = Dict(Float16 => 0, Float32 => 2, Float64 => 3, Int32 => 16, Int64 => 17)
+const OPS = Dict(:sum => 0, :avg => 1, :max => 2, :min => 3)
+
+"""`allreduce_host!(d, a, op=:sum)`: reduces the array `a` (Float16/32/64, Int32/64: the loss,
+metrics, token counts) across the ranks in place; `op` is :sum, :avg, :max or :min. Collective."""
+function allreduce_host!(d::DDP, a::Array{T}, op::Symbol=:sum) where {T}
+    haskey(HOST_DTYPES, T) || throw(ArgumentError("allreduce_host!: element type $T is not Float16/32/64, Int32/64"))
+    haskey(OPS, op) || throw(ArgumentError("allreduce_host!: op is :sum, :avg, :max or :min, not :$op"))
+    GC.@preserve a check(ccall(sym(:ddp_allreduce_host), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Cint, Cint),
+                               handle(d), pointer(a), length(a), HOST_DTYPES[T], OPS[op]))
+    return a
+end
+
+"""`barrier(d)`: returns when every rank has called it. Collective."""
+barrier(d::DDP) = check(ccall(sym(:ddp_barrier), Cint, (Ptr{Cvoid},), handle(d)))
 
 """`backward(d) do ... end`: begin_backward, the block (which calls grad_ready), finish_backward."""
 function backward(f, d::DDP)

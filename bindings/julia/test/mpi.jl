@@ -30,4 +30,10 @@ if w > 1
     close(d)
 end
 close(comm)
+d = DDP(comm)
+loss = [Float64(r), 1.0]
+LibDDP.allreduce_host!(d, loss, :avg)
+@assert loss == [(w - 1) / 2, 1.0]
+LibDDP.barrier(d)
+close(d)
 println("rank $r of $w: julia mpi ok")

@@ -25,12 +25,16 @@ ddp_t = ctypes.c_void_p
 
 # --- constants (the header's enums and macros) --------------------------------------------------
 DDP_F16, DDP_BF16, DDP_F32, DDP_F64 = 0, 1, 2, 3
+DDP_I32, DDP_I64 = 16, 17
+DDP_OP_SUM, DDP_OP_AVG, DDP_OP_MAX, DDP_OP_MIN = 0, 1, 2, 3
+DDP_COMPRESS_NONE, DDP_COMPRESS_BF16, DDP_COMPRESS_FP16 = 0, 1, 2
+DDP_UNEVEN_OFF, DDP_UNEVEN_BY_CONTRIBUTORS, DDP_UNEVEN_BY_WORLD = 0, 1, 2
 DDP_LAYOUT_COPY, DDP_LAYOUT_ARENA = 0, 1
 DDP_PLAN_LEARNED, DDP_PLAN_REGISTRATION = 0, 1
 DDP_UNUSED_ERROR, DDP_UNUSED_ZERO = 0, 1
 DDP_GRAD_TRIGGER = 1
 DDP_CONFIG_MAGIC = 0xDD9C0F16
-DDP_CONFIG_VERSION = 3
+DDP_CONFIG_VERSION = 4
 DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH = 0, 2, 0
 DDP_VERSION_CODE = DDP_VERSION_MAJOR * 10000 + DDP_VERSION_MINOR * 100 + DDP_VERSION_PATCH
 
@@ -61,6 +65,8 @@ class ddp_config_t(ctypes.Structure):
         ("host_piece_bytes", ctypes.c_size_t),  # version 2
         ("stall_warning_ms", ctypes.c_int64),  # version 2
         ("shard", ctypes.c_int),  # version 3
+        ("compression", ctypes.c_int),  # version 4
+        ("uneven_inputs", ctypes.c_int),
     ]
 
 
@@ -111,6 +117,22 @@ class ddp_shard_info_t(ctypes.Structure):
     ]
 
 
+class ddp_hook_bucket_t(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("bucket", ctypes.c_int),
+        ("stream_index", ctypes.c_int),
+        ("iteration", ctypes.c_uint64),
+        ("buffer", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("dtype", ddp_dtype_t),
+        ("stream", ctypes.c_void_p),
+        ("comm", ddp_comm_t),
+        ("rank", ctypes.c_int),
+        ("world", ctypes.c_int),
+    ]
+
+
 # Structs the header defines, by their typedef name (checked against the header too).
 STRUCTS = {
     "ddp_nccl_id_t": ddp_nccl_id_t,
@@ -118,6 +140,7 @@ STRUCTS = {
     "ddp_stats_t": ddp_stats_t,
     "ddp_bucket_info_t": ddp_bucket_info_t,
     "ddp_shard_info_t": ddp_shard_info_t,
+    "ddp_hook_bucket_t": ddp_hook_bucket_t,
 }
 
 _P = ctypes.POINTER
@@ -128,6 +151,8 @@ _int = ctypes.c_int
 ddp_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 DDP_LOG_WARN = 1
 DDP_LOG_INFO = 2
+# ddp_comm_hook_fn: (bucket, user_data) -> ddp_status_t (an int: a callback's return is not checked).
+ddp_comm_hook_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ddp_hook_bucket_t), ctypes.c_void_p)
 
 # name -> (restype, [argtypes]); the header's order.
 FUNCTIONS = {
@@ -180,6 +205,11 @@ FUNCTIONS = {
     "ddp_shard_norm": (ddp_status_t, [ddp_t, _vp, _P(ctypes.c_double), _P(ctypes.c_uint64)]),
     "ddp_destroy": (ddp_status_t, [ddp_t]),
     "ddp_set_log_callback": (ddp_status_t, [ddp_log_fn, _vp]),
+    "ddp_join": (ddp_status_t, [ddp_t, _P(ctypes.c_int64)]),
+    "ddp_allreduce_host": (ddp_status_t, [ddp_t, _vp, ctypes.c_size_t, ddp_dtype_t, _int]),
+    "ddp_barrier": (ddp_status_t, [ddp_t]),
+    "ddp_set_comm_hook": (ddp_status_t, [ddp_t, ddp_comm_hook_fn, _vp]),
+    "ddp_comm_allreduce": (ddp_status_t, [ddp_comm_t, _vp, ctypes.c_size_t, ddp_dtype_t, _int, _vp]),
 }
 
 

@@ -267,6 +267,9 @@ _ENUMS = {
     "layout": {"copy": L.DDP_LAYOUT_COPY, "arena": L.DDP_LAYOUT_ARENA},
     "plan_order": {"learned": L.DDP_PLAN_LEARNED, "registration": L.DDP_PLAN_REGISTRATION},
     "unused_policy": {"error": L.DDP_UNUSED_ERROR, "zero": L.DDP_UNUSED_ZERO},
+    "compression": {"none": L.DDP_COMPRESS_NONE, "bf16": L.DDP_COMPRESS_BF16, "fp16": L.DDP_COMPRESS_FP16},
+    "uneven_inputs": {"off": L.DDP_UNEVEN_OFF, "by_contributors": L.DDP_UNEVEN_BY_CONTRIBUTORS,
+                      "by_world": L.DDP_UNEVEN_BY_WORLD},
 }
 CONFIG_KEYS = tuple(f for f, _ in L.ddp_config_t._fields_ if f not in ("size", "magic", "version"))
 
@@ -432,6 +435,36 @@ class DDP(_Handle):
 
     def synchronize(self):
         L.lib.ddp_synchronize(self._handle())
+
+    def join(self):
+        """Uneven inputs (uneven_inputs="by_contributors" or "by_world"): this rank is out of data and
+        shadows the others' iterations until every rank has joined; returns the synced iterations done
+        by then (the same on every rank). Collective."""
+        at = ctypes.c_int64()
+        L.lib.ddp_join(self._handle(), ctypes.byref(at))
+        return at.value
+
+    _HOST_OPS = {"sum": L.DDP_OP_SUM, "avg": L.DDP_OP_AVG, "max": L.DDP_OP_MAX, "min": L.DDP_OP_MIN}
+
+    def allreduce_host(self, array, op="sum"):
+        """Reduces a contiguous numpy array (float16/32/64, int32/64: the loss, metrics, token counts)
+        across the ranks in place; op is "sum", "avg", "max" or "min". Returns the array. Collective."""
+        import numpy as np
+
+        codes = {np.dtype(np.float16): L.DDP_F16, np.dtype(np.float32): L.DDP_F32, np.dtype(np.float64): L.DDP_F64,
+                 np.dtype(np.int32): L.DDP_I32, np.dtype(np.int64): L.DDP_I64}
+        if array.dtype not in codes or not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
+            raise InvalidArgumentError("libddp: allreduce_host takes a writable contiguous float16/32/64 or "
+                                       "int32/64 array, not %s" % array.dtype)
+        if op not in self._HOST_OPS:
+            raise InvalidArgumentError("libddp: op is 'sum', 'avg', 'max' or 'min', not %r" % (op,))
+        L.lib.ddp_allreduce_host(self._handle(), array.ctypes.data, array.size, codes[array.dtype],
+                                 self._HOST_OPS[op])
+        return array
+
+    def barrier(self):
+        """Returns when every rank has called it. Collective."""
+        L.lib.ddp_barrier(self._handle())
 
     # -- sharded contexts (shard=True) -----------------------------------------------------------
     def shard(self, bucket):

@@ -20,6 +20,8 @@ C_TYPES = {
     "ddp_local_group_t": L.ddp_local_group_t, "ddp_local_group_t*": P(L.ddp_local_group_t),
     "ddp_t": L.ddp_t, "ddp_t*": P(L.ddp_t),
     "ddp_log_fn": L.ddp_log_fn,
+    "ddp_op_t": ctypes.c_int, "int64_t*": P(ctypes.c_int64),
+    "ddp_comm_hook_fn": L.ddp_comm_hook_fn,
 }
 for _name, _cls in L.STRUCTS.items():
     C_TYPES[_name + "*"] = P(_cls)

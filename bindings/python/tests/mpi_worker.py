@@ -135,7 +135,38 @@ def unused_grad_error():
         assert np.all(g0 == 0) and np.allclose(g1, 1.0), (g0, g1)
 
 
-for f in (copy_layout, arena_layout, no_sync_accumulates, broadcast_from_root, mismatch_raises_everywhere,
+def host_collectives_and_join():
+    with DDP(comm) as ddp:
+        loss = np.array([float(rank), 1.0])
+        assert np.array_equal(ddp.allreduce_host(loss, "avg"), [(world - 1) / 2, 1.0]), loss
+        tokens = np.array([rank + 5], np.int64)
+        assert ddp.allreduce_host(tokens, "sum")[0] == sum(r + 5 for r in range(world))
+        ddp.barrier()
+    # Uneven inputs: rank r has r + 1 batches; the averages divide by the ranks that contributed.
+    g = np.zeros(4, np.float64)
+    with DDP(comm, uneven_inputs="by_contributors") as ddp:
+        i = ddp.register(g)
+        for it in range(rank + 1):
+            g[:] = rank + 1
+            with ddp.backward():
+                ddp.grad_ready(i)
+            active = [r for r in range(world) if r >= it]
+            assert np.allclose(g, sum(r + 1 for r in active) / len(active)), (it, g)
+        assert ddp.join() == world
+
+
+def compressed_wire():
+    g = data(9, rank, 5000, np.float32)
+    with DDP(comm, compression="bf16") as ddp:
+        i = ddp.register(g)
+        with ddp.backward():
+            ddp.grad_ready(i)
+    want = reference(9, 5000, np.float32, 1.0 / world)
+    assert np.allclose(g, want, rtol=0, atol=(world + 3) / 256 * 2.0), np.abs(g - want).max()
+
+
+for f in (copy_layout, arena_layout, no_sync_accumulates, broadcast_from_root, host_collectives_and_join,
+          compressed_wire, mismatch_raises_everywhere,
           unused_grad_error):
     scenario(f)
 comm.close()

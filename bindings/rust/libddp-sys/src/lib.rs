@@ -27,6 +27,19 @@ pub const DDP_F16: ddp_dtype_t = 0;
 pub const DDP_BF16: ddp_dtype_t = 1;
 pub const DDP_F32: ddp_dtype_t = 2;
 pub const DDP_F64: ddp_dtype_t = 3;
+/// Integers, for ddp_allreduce_host alone.
+pub const DDP_I32: ddp_dtype_t = 16;
+pub const DDP_I64: ddp_dtype_t = 17;
+pub const DDP_OP_SUM: c_int = 0;
+pub const DDP_OP_AVG: c_int = 1;
+pub const DDP_OP_MAX: c_int = 2;
+pub const DDP_OP_MIN: c_int = 3;
+pub const DDP_COMPRESS_NONE: c_int = 0;
+pub const DDP_COMPRESS_BF16: c_int = 1;
+pub const DDP_COMPRESS_FP16: c_int = 2;
+pub const DDP_UNEVEN_OFF: c_int = 0;
+pub const DDP_UNEVEN_BY_CONTRIBUTORS: c_int = 1;
+pub const DDP_UNEVEN_BY_WORLD: c_int = 2;
 pub const DDP_LAYOUT_COPY: c_int = 0;
 pub const DDP_LAYOUT_ARENA: c_int = 1;
 pub const DDP_PLAN_LEARNED: c_int = 0;
@@ -35,7 +48,7 @@ pub const DDP_UNUSED_ERROR: c_int = 0;
 pub const DDP_UNUSED_ZERO: c_int = 1;
 pub const DDP_GRAD_TRIGGER: c_uint = 1;
 pub const DDP_CONFIG_MAGIC: u32 = 0xDD9C0F16;
-pub const DDP_CONFIG_VERSION: u32 = 3;
+pub const DDP_CONFIG_VERSION: u32 = 4;
 pub const DDP_VERSION_MAJOR: c_int = 0;
 pub const DDP_VERSION_MINOR: c_int = 2;
 pub const DDP_VERSION_PATCH: c_int = 0;
@@ -91,6 +104,8 @@ pub struct ddp_config_t {
     pub stall_warning_ms: i64,
     // version 3
     pub shard: c_int,
+    pub compression: c_int,
+    pub uneven_inputs: c_int,
 }
 
 #[repr(C)]
@@ -124,6 +139,27 @@ pub struct ddp_shard_info_t {
     pub param_shard: *mut c_void,
     pub grads_numel: usize,
 }
+
+/// A bucket handed to a comm hook (ddp_set_comm_hook).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ddp_hook_bucket_t {
+    pub size: usize,
+    pub bucket: c_int,
+    pub stream_index: c_int,
+    pub iteration: u64,
+    pub buffer: *mut c_void,
+    pub count: usize,
+    pub dtype: ddp_dtype_t,
+    pub stream: *mut c_void,
+    pub comm: ddp_comm_t,
+    pub rank: c_int,
+    pub world: c_int,
+}
+
+/// ddp_comm_hook_fn: (bucket, user_data) -> status.
+pub type ddp_comm_hook_fn =
+    Option<unsafe extern "C" fn(bucket: *const ddp_hook_bucket_t, user_data: *mut c_void) -> ddp_status_t>;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
@@ -198,4 +234,11 @@ extern "C" {
                           capacity: usize) -> ddp_status_t;
     pub fn ddp_destroy(ddp: ddp_t) -> ddp_status_t;
     pub fn ddp_set_log_callback(log: ddp_log_fn, user: *mut c_void) -> ddp_status_t;
+    pub fn ddp_join(ddp: ddp_t, all_joined_iteration: *mut i64) -> ddp_status_t;
+    pub fn ddp_allreduce_host(ddp: ddp_t, buf: *mut c_void, count: usize, dtype: ddp_dtype_t, op: c_int)
+        -> ddp_status_t;
+    pub fn ddp_barrier(ddp: ddp_t) -> ddp_status_t;
+    pub fn ddp_set_comm_hook(ddp: ddp_t, hook: ddp_comm_hook_fn, user_data: *mut c_void) -> ddp_status_t;
+    pub fn ddp_comm_allreduce(comm: ddp_comm_t, buf: *mut c_void, count: usize, dtype: ddp_dtype_t, op: c_int,
+                              stream: *mut c_void) -> ddp_status_t;
 }

@@ -79,6 +79,33 @@ fn check(status: sys::ddp_status_t) -> Result<()> {
     Err(Error { status, message })
 }
 
+/// The reduction of `Ddp::allreduce_host`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Op {
+    Sum = 0,
+    Avg = 1,
+    Max = 2,
+    Min = 3,
+}
+
+/// Element types `Ddp::allreduce_host` takes.
+pub trait HostElement: Copy {
+    const HOST_DTYPE: sys::ddp_dtype_t;
+}
+impl HostElement for f32 {
+    const HOST_DTYPE: sys::ddp_dtype_t = sys::DDP_F32;
+}
+impl HostElement for f64 {
+    const HOST_DTYPE: sys::ddp_dtype_t = sys::DDP_F64;
+}
+impl HostElement for i32 {
+    const HOST_DTYPE: sys::ddp_dtype_t = sys::DDP_I32;
+}
+impl HostElement for i64 {
+    const HOST_DTYPE: sys::ddp_dtype_t = sys::DDP_I64;
+}
+
 /// Element types of host grads.
 pub trait Element: Copy {
     const DTYPE: sys::ddp_dtype_t;
@@ -195,6 +222,10 @@ pub struct Config {
     pub stall_warning_ms: i64,
     /// Sharded reduction (reduce-scatter; needs `arena` and `registration_plan`).
     pub shard: bool,
+    /// The wire of f32/f64 buckets: `sys::DDP_COMPRESS_NONE`, `_BF16` or `_FP16`.
+    pub compression: i32,
+    /// Uneven inputs (`Ddp::join`): `sys::DDP_UNEVEN_OFF`, `_BY_CONTRIBUTORS` or `_BY_WORLD`.
+    pub uneven_inputs: i32,
 }
 
 impl Default for Config {
@@ -216,6 +247,8 @@ impl Default for Config {
             host_piece_bytes: 0,
             stall_warning_ms: 0,
             shard: false,
+            compression: sys::DDP_COMPRESS_NONE,
+            uneven_inputs: sys::DDP_UNEVEN_OFF,
         }
     }
 }
@@ -354,6 +387,8 @@ impl Ddp {
         c.host_piece_bytes = config.host_piece_bytes;
         c.stall_warning_ms = config.stall_warning_ms;
         c.shard = config.shard as c_int;
+        c.compression = config.compression;
+        c.uneven_inputs = config.uneven_inputs;
         let path = match &config.timeline_path {
             Some(p) => Some(
                 CString::new(p.as_str())
@@ -569,6 +604,24 @@ impl Ddp {
     }
     pub fn synchronize(&mut self) -> Result<()> {
         check(unsafe { sys::ddp_synchronize(self.raw) })
+    }
+    /// Uneven inputs (needs `Config::uneven_inputs`): this rank is out of data and shadows the others'
+    /// iterations until every rank has joined; returns the synced iterations done by then. Collective.
+    pub fn join(&mut self) -> Result<i64> {
+        let mut at: i64 = 0;
+        check(unsafe { sys::ddp_join(self.raw, &mut at) })?;
+        Ok(at)
+    }
+    /// Reduces `buf` (the loss, metrics, token counts) across the ranks in place with `op`; every rank
+    /// gets the same bits. Not inside a backward pass. Collective.
+    pub fn allreduce_host<T: HostElement>(&mut self, buf: &mut [T], op: Op) -> Result<()> {
+        check(unsafe {
+            sys::ddp_allreduce_host(self.raw, buf.as_mut_ptr() as *mut c_void, buf.len(), T::HOST_DTYPE, op as c_int)
+        })
+    }
+    /// Returns when every rank has called it (bounded by the timeout). Collective.
+    pub fn barrier(&mut self) -> Result<()> {
+        check(unsafe { sys::ddp_barrier(self.raw) })
     }
     pub fn stats(&self) -> Result<sys::ddp_stats_t> {
         let mut s = sys::ddp_stats_t { size: std::mem::size_of::<sys::ddp_stats_t>(), ..Default::default() };

@@ -109,5 +109,18 @@ fn reduce_f32_and_f64_across_ranks() {
         assert_eq!(e.status, libddp::sys::DDP_ERR_MISMATCH, "{e}");
         assert!(!e.message.is_empty());
     }
+    // Host collectives: the loss and a token count.
+    {
+        let mut ddp = Ddp::new(&comm, &Config::default()).expect("Ddp::new");
+        let mut loss = [rank as f64, 1.0];
+        ddp.allreduce_host(&mut loss, libddp::Op::Avg).unwrap();
+        assert_eq!(loss, [(world - 1) as f64 / 2.0, 1.0]);
+        let mut tokens = [rank as i64 + 10];
+        ddp.allreduce_host(&mut tokens, libddp::Op::Max).unwrap();
+        assert_eq!(tokens[0], world as i64 + 9);
+        ddp.barrier().unwrap();
+        let e = ddp.join().unwrap_err(); // uneven_inputs is off
+        assert_eq!(e.status, libddp::sys::DDP_ERR_INVALID_STATE, "{e}");
+    }
     println!("rank {rank} of {world}: rust mpi ok");
 }
