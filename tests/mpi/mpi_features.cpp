@@ -262,6 +262,23 @@ std::vector<char> all_bytes(ddp_t d, Model& m, bool arena) {
   return out;
 }
 
+// The float64 reference of element i of grad g in iteration `it`: the sum of the inputs, as stored,
+// of every rank (or, given `batches`, of the ranks with more than `it` batches: the others have
+// joined), and the sum of their magnitudes (the scale a rounding error is measured against).
+struct Sum {
+  double want = 0, mag = 0;
+};
+Sum reference_sum(uint64_t seed, int it, size_t g, size_t i, ddp_dtype_t dtype, const std::vector<int>* batches) {
+  Sum s;
+  for (int r = 0; r < g_world; ++r) {
+    if (batches && (*batches)[static_cast<size_t>(r)] <= it) continue;  // joined: a zero
+    const double v = ref::quantize(ref::raw_value(seed, r, it, static_cast<int>(g), i), dtype);
+    s.want += v;
+    s.mag += std::fabs(v);
+  }
+  return s;
+}
+
 // --- uneven inputs ---------------------------------------------------------------------------------
 
 bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
@@ -289,14 +306,8 @@ bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
     for (size_t g = 0; g < m.numel.size(); ++g) {
       const void* p = grad_of(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
-        double want = 0, mag = 0;
-        for (int r = 0; r < g_world; ++r) {
-          if (batches[static_cast<size_t>(r)] <= it) continue;  // joined: a zero
-          const double v = ref::quantize(ref::raw_value(seed, r, it, static_cast<int>(g), i), m.dtype[g]);
-          want += v;
-          mag += std::fabs(v);
-        }
-        want *= scale;
+        const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], &batches);
+        const double want = sum.want * scale, mag = sum.mag;
         const double got = ref::load(p, i, m.dtype[g]);
         if (!ref::close(got, want, mag * scale, m.dtype[g])) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
@@ -317,13 +328,8 @@ bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
   if (!backward(d, m, l.arena, seed, 77, mine, why)) return false;
   for (size_t g = 0; g < m.numel.size(); ++g) {
     const void* p = grad_of(d, m, g, l.arena);
-    double want = 0, mag = 0;
-    for (int r = 0; r < g_world; ++r) {
-      const double v = ref::quantize(ref::raw_value(seed, r, 77, static_cast<int>(g), 0), m.dtype[g]);
-      want += v;
-      mag += std::fabs(v);
-    }
-    if (!ref::close(ref::load(p, 0, m.dtype[g]), want / g_world, mag / g_world, m.dtype[g])) {
+    const Sum sum = reference_sum(seed, 77, g, 0, m.dtype[g], nullptr);
+    if (!ref::close(ref::load(p, 0, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
       *why = "after ddp_join: grad " + std::to_string(g) + " is not the average over the world";
       return false;
     }
@@ -404,14 +410,8 @@ bool compression_case(const Layout& l, int compression, uint64_t seed, uint64_t*
     for (size_t g = 0; g < m.numel.size(); ++g) {
       const void* p = grad_of(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
-        double want = 0, mag = 0;
-        for (int r = 0; r < g_world; ++r) {
-          const double v = ref::quantize(ref::raw_value(seed, r, it, static_cast<int>(g), i), m.dtype[g]);
-          want += v;
-          mag += std::fabs(v);
-        }
-        want /= g_world;
-        mag /= g_world;
+        const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], nullptr);
+        const double want = sum.want / g_world, mag = sum.mag / g_world;
         const double got = ref::load(p, i, m.dtype[g]);
         if (!(std::fabs(got - want) <= bound * mag + floor + 1e-30)) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
@@ -498,14 +498,9 @@ bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
     for (size_t g = 0; g < m.numel.size(); ++g) {
       const void* p = grad_of(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
-        double want = 0, mag = 0;
-        for (int r = 0; r < g_world; ++r) {
-          const double v = ref::quantize(ref::raw_value(seed, r, it, static_cast<int>(g), i), m.dtype[g]);
-          want += v;
-          mag += std::fabs(v);
-        }
+        const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], nullptr);
         // 16-bit grads: the hook gets them as the library would send them (fp32 on host comms).
-        if (!ref::close(ref::load(p, i, m.dtype[g]), want / g_world, mag / g_world, m.dtype[g])) {
+        if (!ref::close(ref::load(p, i, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + ": not the average";
           return false;
         }
