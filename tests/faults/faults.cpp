@@ -68,6 +68,32 @@ void done() {
   std::fflush(stdout);
 }
 
+// Leaves without MPI_Finalize (a dead or late peer can make it wait forever), but only once the
+// other `survivors` have printed DONE too: mpirun ends the job when the first rank exits without
+// finalizing, which would kill a survivor still inside its checks (over Gloo one survivor can learn
+// of the death at once and another only at its timeout). The ranks meet in DDP_TEST_RUN_DIR, a
+// directory run.sh makes for each scenario; without it a rank leaves at once.
+[[noreturn]] void leave_with(int survivors) {
+  std::fflush(stdout);
+  const char* dir = std::getenv("DDP_TEST_RUN_DIR");
+  if (dir != nullptr && *dir != '\0') {
+    const std::string mine = std::string(dir) + "/done." + std::to_string(g_rank);
+    if (FILE* f = std::fopen(mine.c_str(), "w")) std::fclose(f);
+    const double until = now_ms() + static_cast<double>(g_timeout_ms) + 5000.0;
+    for (;;) {
+      int seen = 0;
+      for (int r = 0; r < g_world; ++r)
+        if (FILE* f = std::fopen((std::string(dir) + "/done." + std::to_string(r)).c_str(), "r")) {
+          std::fclose(f);
+          ++seen;
+        }
+      if (seen >= survivors || now_ms() > until) break;
+      usleep(10 * 1000);
+    }
+  }
+  _exit(0);
+}
+
 std::string status_text(ddp_status_t s) {
   return std::string(ddp_status_string(s)) + (s ? std::string(": ") + ddp_last_error() : std::string());
 }
@@ -240,8 +266,7 @@ int run_fault(Fault fault, const char* name, bool shard = false) {
   // A dead peer can make MPI_Finalize wait forever, and the late rank's written-off worker can still be
   // inside a collective whose partners gave up (MPI_Finalize under a thread in MPI is undefined): no
   // rank finalizes.
-  std::fflush(stdout);
-  _exit(0);
+  leave_with(fault == Fault::Stall ? g_world : g_world - 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,8 +315,7 @@ int run_gather_fault(Fault fault, const char* name) {
   }
   check_destroy(name, x.d);
   done();
-  std::fflush(stdout);
-  _exit(0);  // a dead or late peer can make MPI_Finalize wait
+  leave_with(fault == Fault::Stall ? g_world : g_world - 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,7 +714,7 @@ int run_inspect(const std::string& kind) {
       done();
       std::fflush(stdout);
       usleep(static_cast<useconds_t>((g_timeout_ms + 1500) * 1000));  // alive, but no longer answering
-      _exit(0);
+      leave_with(g_world);
     }
     if (kind == "inspect-stall") usleep(static_cast<useconds_t>((g_timeout_ms + 1000) * 1000));
     if (kind == "inspect-slow") usleep(static_cast<useconds_t>((stall_ms + g_timeout_ms) / 2 * 1000));
@@ -768,8 +792,7 @@ int run_inspect(const std::string& kind) {
   ddp_destroy(x.d);
   ddp_set_log_callback(nullptr, nullptr);
   done();
-  std::fflush(stdout);
-  if (kind != "inspect-slow") _exit(0);  // a dead or late peer can make MPI_Finalize wait
+  if (kind != "inspect-slow") leave_with(kind == "inspect-kill" ? g_world - 1 : g_world);
   return 0;
 }
 

@@ -48,9 +48,12 @@ for line in "${scenarios[@]}"; do
     export DDP_TEST_GLOO="tcp://127.0.0.1:$(free_port)"
     flags="$flags -x DDP_TEST_GLOO"
   fi
+  # Where the survivors meet before they leave (leave_with in faults.cpp).
+  DDP_TEST_RUN_DIR=$(mktemp -d) && export DDP_TEST_RUN_DIR
   t0=$(date +%s%N)
-  out=$(timeout -k 5 "$bound" $MPIRUN --oversubscribe $flags -np "$np" "$bin" "$name" "$seed" "$T" 2>&1)
+  out=$(timeout -k 5 "$bound" $MPIRUN --oversubscribe $flags -x DDP_TEST_RUN_DIR -np "$np" "$bin" "$name" "$seed" "$T" 2>&1)
   rc=$?
+  rm -rf "$DDP_TEST_RUN_DIR"
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   results=$(grep -E '^RESULT ' <<<"$out")
   bad=$(grep -cE '^RESULT [^ ]+ FAIL' <<<"$out")

@@ -25,6 +25,7 @@
 #include "backends/host/host_kernels.hpp"
 #include "backends/host/probe.hpp"
 #include "backends/host/ring.hpp"
+#include "backends/host/sigpipe.hpp"
 #include "backends/host/store.hpp"
 #include "backends/host/tcp.hpp"
 
@@ -82,9 +83,12 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 };
 
 // Runs a Gloo call, turning its exceptions into ours: every failure of a peer is fatal to the
-// context, reported as a timeout naming what was waited for.
+// context, reported as a timeout naming what was waited for. A write to a dead peer fails instead of
+// raising SIGPIPE (host/sigpipe.hpp); Gloo's event loop, started by the device's creation here,
+// keeps SIGPIPE blocked.
 template <class F>
 void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
+  host::SigpipeBlock no_sigpipe;
   try {
     f();
   } catch (const Error&) {
@@ -282,6 +286,7 @@ class GlooComm final : public Comm {
   void run_ring(Deadline dl, F&& f) {
     usable();
     host::BlockingCall call;  // a written-off worker parks when the call returns
+    host::SigpipeBlock no_sigpipe;  // once for the ring's many Gloo calls
     std::shared_ptr<GlooRingLink> link = link_;
     link->start(dl);
     guarded([&] { f(*link); });
