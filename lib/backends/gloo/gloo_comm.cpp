@@ -285,7 +285,7 @@ class GlooComm final : public Comm {
   template <class F>
   void run_ring(Deadline dl, F&& f) {
     usable();
-    host::BlockingCall call;  // a written-off worker parks when the call returns
+    host::BlockingCall call;        // a written-off worker parks when the call returns
     host::SigpipeBlock no_sigpipe;  // once for the ring's many Gloo calls
     std::shared_ptr<GlooRingLink> link = link_;
     link->start(dl);
