@@ -109,7 +109,23 @@ typedef enum ddp_compression {
   DDP_COMPRESS_BF16 = 1,
   /* The same with IEEE binary16: 3 more bits of precision, range +-65504 (scale the loss so that no
    * grad or partial sum overflows; an overflow is an Inf, never hidden). */
-  DDP_COMPRESS_FP16 = 2
+  DDP_COMPRESS_FP16 = 2,
+  /* f32 and f64 buckets travel as int8 in blocks of 256 elements, each block with its own fp32 scale
+   * (its largest magnitude / 127; values rounded to nearest), exchanged by an all-gather: every rank
+   * dequantizes every rank's blocks and sums them in rank order (fp32 math for f32 buckets, fp64 for
+   * f64), so every rank gets the same bits. Error feedback: what a rank's rounding lost in a bucket
+   * (its input minus what it sent) is kept by the library, 4 bytes per element (counted in
+   * library_bytes), and added to that rank's next input for the bucket, so roundings do not pile up
+   * into a bias: each reduced value is the exact result within (this iteration's plus the last
+   * one's rounding error) per rank, each at most a block's largest magnitude / 254, and the average
+   * over iterations converges to the exact average. A block holding a NaN or an Inf (or, in f64
+   * buckets, a magnitude past the fp32 range) becomes NaN on every rank, never hidden; its error is
+   * dropped. Bytes on the wire per rank: (world - 1) x (n + n/64) received against 2 (world - 1) /
+   * world x 4n for the fp32 ring: 0.25x at 2 ranks, 0.5x at 4; past about 8 ranks it stops paying
+   * (use bf16 there). Host memory only (MPI, Gloo, local comms): an NCCL communicator is
+   * DDP_ERR_UNSUPPORTED at ddp_create. 16-bit buckets travel as they are. Not with config.shard. A
+   * rank that joins (ddp_join) drops its kept errors, so that its shadowing contributes zeros. */
+  DDP_COMPRESS_INT8 = 3
 } ddp_compression_t;
 
 /* Uneven inputs (ddp_config_t.uneven_inputs, ddp_join). */

@@ -3,6 +3,8 @@
 // Written once as __host__ __device__ code so that the host unit tests cover what the GPU runs.
 #pragma once
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -127,6 +129,55 @@ template <class T>
 DDP_HD bool is_nonfinite(typename T::storage v) {
   typename T::math m = T::load(v);
   return !(m - m == m - m);  // NaN for inf and NaN inputs
+}
+
+// --- The int8 wire (DDP_COMPRESS_INT8): blocks of kInt8Block elements, each sent as one fp32 scale
+// and kInt8Block int8 values. A rank's chunk of a bucket of n elements holds every block's scale
+// first, then the n values, padded to 8 bytes.
+constexpr unsigned kInt8Block = 256;
+
+DDP_HD size_t int8_blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+DDP_HD size_t int8_chunk_bytes(size_t n) { return (int8_blocks(n) * 4 + n + 7) / 8 * 8; }
+
+// Quantizes one block of n <= kInt8Block elements with error feedback: y = x + residual is sent as
+// q * scale, q = round(y / scale) in -127..127, scale = max |y| / 127, and the residual becomes
+// y - q * scale (what this rank still owes). A block with a NaN or Inf (or an f64 magnitude past
+// the fp32 range) is sent with a NaN scale, so that it arrives as NaN everywhere, and its residual
+// is dropped.
+template <class T>
+DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, size_t n, float* scale, int8_t* q) {
+  typedef typename T::math M;
+  M amax = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const M y = T::load(x[i]) + static_cast<M>(residual[i]);
+    finite = finite && (y - y == M(0));
+    amax = fabs(y) > amax ? static_cast<M>(fabs(y)) : amax;
+  }
+  const float s = static_cast<float>(amax / M(127));
+  if (!finite || s - s != 0.0f) {
+    *scale = bits_f32(0x7fc00000u);  // a quiet NaN
+    for (size_t i = 0; i < n; ++i) {
+      q[i] = 0;
+      residual[i] = 0.0f;
+    }
+    return;
+  }
+  *scale = s;
+  const M inv = s > 0.0f ? M(1) / static_cast<M>(s) : M(0);
+  for (size_t i = 0; i < n; ++i) {
+    const M y = T::load(x[i]) + static_cast<M>(residual[i]);
+    M r = rint(y * inv);
+    r = r > M(127) ? M(127) : r < M(-127) ? M(-127) : r;
+    q[i] = static_cast<int8_t>(r);
+    residual[i] = static_cast<float>(y - r * static_cast<M>(s));
+  }
+}
+
+// acc + q * scale in T's math type: one rank's term of the dequantized sum.
+template <class T>
+DDP_HD typename T::math int8_term(typename T::math acc, int8_t q, float scale) {
+  return acc + static_cast<typename T::math>(q) * static_cast<typename T::math>(scale);
 }
 
 }  // namespace elem

@@ -114,6 +114,17 @@ class Device {
   // of its NaN and Inf, read after `s`'s work so far; the host waits for the answer (bounded by the
   // deadlines of the collectives queued on `s`).
   virtual void norm_terms(const void* buf, size_t n, Dtype d, Stream& s, double out[2]) = 0;
+  // The int8 wire (DDP_COMPRESS_INT8), in stream order on `s`: int8_quantize sends `x`'s n elements
+  // (F32 or F64) plus `residual` (n floats, this rank's error feedback, updated) as this rank's chunk
+  // of elem::int8_chunk_bytes(n) bytes; int8_dequant_sum writes to `out` the sum over `world` such
+  // chunks, chunk_bytes apart, in rank order. Host devices only (the context refuses the rest).
+  virtual void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk, Stream& s) {
+    fail(DDP_ERR_UNSUPPORTED, "this device has no int8 wire");
+  }
+  virtual void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out,
+                                Stream& s) {
+    fail(DDP_ERR_UNSUPPORTED, "this device has no int8 wire");
+  }
   // Completion marks, one per slot (a bucket's parameter gather): mark records where `s` stands now,
   // user_wait_mark makes the user's stream wait for it. GPU only: host streams finish their tasks on
   // workers, and the reducer waits for those itself.

@@ -85,6 +85,7 @@ uint64_t Context::join() {
   CallScope scope(this, Call::Join, Call::Idle);
   fatal_on_error([&] {
     commit_locked();
+    reducer_->clear_feedback();  // the int8 wire's owed errors are not sent: a joined rank sends zeros
     while (vote(false) > 0) shadow_iteration();
     if (reducer_->divisor() != world_) reducer_->set_divisor(world_);  // every rank contributes again
   });

@@ -130,6 +130,10 @@ void check_header(const ddp_config_t& c) {
 // Settings that are each valid but cannot go together.
 void check_combination(const ddp_config_t& c) {
   if (!c.shard) return;
+  if (c.compression == DDP_COMPRESS_INT8)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.compression DDP_COMPRESS_INT8 is not available with config.shard: the int8 wire is an "
+         "all-gather of every rank's whole bucket, which a reduce-scatter has no use for");
   if (c.uneven_inputs != DDP_UNEVEN_OFF)
     fail(DDP_ERR_INVALID_ARGUMENT,
          "config.uneven_inputs is not available with config.shard: a joined rank would stop updating its "

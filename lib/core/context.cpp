@@ -17,6 +17,10 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   ctrl_ = comm.dup();
   // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
   agree_config(*ctrl_, cfg_, deadline());
+  if (cfg_.c.compression == DDP_COMPRESS_INT8 && comm.memory() == Memory::Device)
+    fail(DDP_ERR_UNSUPPORTED,
+         "config.compression DDP_COMPRESS_INT8 runs on host memory only (MPI, Gloo or local comms); on "
+         "NCCL use DDP_COMPRESS_BF16");
   prober_ = comm.make_prober([this] { return position(); });
   bcast_ = comm.dup();
   if (cfg_.stream_comms.empty()) {
@@ -28,7 +32,8 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
     comms_ = cfg_.stream_comms;
   }
   device_ = comm.make_device();
-  if (cfg_.c.compression != DDP_COMPRESS_NONE && comm.memory() == Memory::Device) {
+  if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
+      comm.memory() == Memory::Device) {
     const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
     if (!comm.supports_wire(w))
       fail(DDP_ERR_UNSUPPORTED, "config.compression: this communicator cannot sum %s (NCCL 2.10 or later has bf16)",
@@ -139,7 +144,8 @@ void Context::commit_locked() {
     env.inplace_min_numel = cfg_.c.inplace_min_numel;
     env.piece_bytes = cfg_.c.host_piece_bytes;
     env.timeout_ms = cfg_.c.timeout_ms;
-    env.compress = cfg_.c.compression != DDP_COMPRESS_NONE;
+    env.compress = cfg_.c.compression == DDP_COMPRESS_BF16 || cfg_.c.compression == DDP_COMPRESS_FP16;
+    env.int8 = cfg_.c.compression == DDP_COMPRESS_INT8;
     env.compress_wire = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
     env.hook = hook_;
     env.counters = &counters_;

@@ -53,6 +53,9 @@ struct Reducer::BucketRt {
   double pre = 1.0, post = 1.0;
   size_t piece = 0;  // elements per collective piece (host comms), 0: the whole bucket at once
   Dtype wire = Dtype::F32;
+  bool int8 = false;              // travels as int8 blocks (DDP_COMPRESS_INT8)
+  size_t int8_chunk = 0;          // bytes of this rank's chunk of it
+  size_t residual_at = 0;         // its first kept rounding error in residual_
   std::atomic<bool> done{false};  // this iteration's work finished (names the bucket a timeout hit)
   int size = 0;
   int ready = 0;
@@ -122,6 +125,12 @@ void Reducer::bucket_factors(BucketRt& r) const {
   r.red = red_;
   r.pre = pre_;
   r.post = post_;
+  if (r.int8) {  // the int8 wire only sums: both factors are passes (fused into pack and unpack)
+    r.red = Reduction{};
+    r.pre = 1.0 / env_.predivide;
+    r.post = env_.average ? env_.predivide / divisor_ : 1.0;
+    return;
+  }
   // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
   // cannot hold exactly (1/3) would bias every grad. Then it is a pass in fp32 math instead, one
   // rounding per element, as apex's pre-division is.
@@ -135,6 +144,8 @@ void Reducer::bucket_factors(BucketRt& r) const {
 // kept by the backend that could not cancel it.
 Reducer::~Reducer() {
   for (void* p : staging_) env_.device->release(p);
+  for (void* p : gather_) env_.device->release(p);
+  env_.device->release(residual_);
   env_.device->release(arena_);
   env_.device->release(params_);
 }
@@ -199,18 +210,20 @@ std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vec
   Comm& c = *env_.comms[static_cast<size_t>(bk.stream)];
   r->wire = is_16bit(bk.dtype) && (env_.always_fp32 || !c.supports_wire(bk.dtype)) ? Dtype::F32 : bk.dtype;
   if (env_.compress && !is_16bit(bk.dtype)) r->wire = env_.compress_wire;  // every host comm sums 16 bits
+  r->int8 = env_.int8 && !is_16bit(bk.dtype);
+  if (r->int8) r->int8_chunk = elem::int8_chunk_bytes(bk.numel);
   r->gather_task.reducer = r->task.reducer;
   r->gather_task.bucket = r->task.bucket;
   r->padded = padded_numel(bk);
   r->shard_n = r->padded / static_cast<size_t>(env_.world);
   // Sharded buckets go whole to the comm's reduce-scatter, which cuts its own pieces; a comm hook
   // gets the whole bucket in one buffer.
-  r->piece = env_.shard || env_.hook ? 0 : c.piece_elems(r->wire, env_.piece_bytes);
+  r->piece = env_.shard || env_.hook || r->int8 ? 0 : c.piece_elems(r->wire, env_.piece_bytes);
   bucket_factors(*r);
   // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes
   // in place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
   const size_t inplace = env_.inplace_min_numel ? env_.inplace_min_numel : r->piece;
-  const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0 && !env_.hook;
+  const bool may_direct = !env_.arena && r->wire == bk.dtype && inplace > 0 && !env_.hook && !r->int8;
   for (size_t s = 0; s < bk.grads.size(); ++s) {
     size_t g = static_cast<size_t>(bk.grads[s]);
     const size_t n = specs_[g].numel;
@@ -230,11 +243,18 @@ std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vec
 void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   const size_t nb = plan_.buckets.size();
   const int ns = static_cast<int>(env_.streams.size());
-  std::vector<size_t> staging_need(static_cast<size_t>(ns), 0);
+  std::vector<size_t> staging_need(static_cast<size_t>(ns), 0), gather_need(static_cast<size_t>(ns), 0);
+  size_t residuals = 0;
   rt_.clear();
   for (size_t b = 0; b < nb; ++b) {
     const Bucket& bk = plan_.buckets[b];
     std::unique_ptr<BucketRt> r = make_bucket(b, ptrs);
+    if (r->int8) {
+      r->residual_at = residuals;
+      residuals += bk.numel;
+      size_t& g = gather_need[static_cast<size_t>(bk.stream)];
+      g = std::max(g, r->int8_chunk * static_cast<size_t>(env_.world));
+    }
     const bool staged = !env_.arena || r->wire != bk.dtype;
     if (staged) {
       size_t& need = staging_need[static_cast<size_t>(bk.stream)];
@@ -261,11 +281,40 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     staging_bytes_ += need;
     env_.streams[static_cast<size_t>(s)]->reserve(nb + 1);
   }
+  alloc_int8(gather_need, residuals);
   if (env_.check_finite) env_.device->reserve_flags(nb);
   if (env_.shard) env_.device->reserve_marks(nb);
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
+}
+
+// The int8 wire's memory: the kept rounding errors of every int8 bucket (zero: nothing owed yet; a
+// new plan starts afresh) and one all-gather buffer per stream, as large as its largest bucket needs
+// (a host stream runs its buckets one after another).
+void Reducer::alloc_int8(const std::vector<size_t>& gather_need, size_t residuals) {
+  for (void* p : gather_) env_.device->release(p);
+  env_.device->release(residual_);
+  gather_.assign(gather_need.size(), nullptr);
+  residuals_ = residuals;
+  residual_ = residuals ? static_cast<float*>(env_.device->alloc(residuals * sizeof(float))) : nullptr;
+  int8_bytes_ = residuals * sizeof(float);
+  for (size_t s = 0; s < gather_need.size(); ++s) {
+    if (gather_need[s]) gather_[s] = env_.device->alloc(gather_need[s]);
+    int8_bytes_ += gather_need[s];
+  }
+}
+
+void Reducer::clear_feedback() { std::fill_n(residual_, residuals_, 0.0f); }
+
+// The int8 wire: this rank's chunk (its values plus its kept errors, quantized) into its place in the
+// stream's gather buffer, every rank's chunk to every rank, and the same rank-order sum everywhere.
+void Reducer::int8_allreduce(int b, void* buf, size_t n) {
+  auto [r, bk, s, d, c] = work(b);
+  char* all = static_cast<char*>(gather_[static_cast<size_t>(bk.stream)]);
+  d.int8_quantize(buf, bk.dtype, n, residual_ + r.residual_at, all + static_cast<size_t>(env_.rank) * r.int8_chunk, s);
+  c.allgather(all, r.int8_chunk, s, Deadline::after_ms(env_.timeout_ms));
+  d.int8_dequant_sum(all, r.int8_chunk, env_.world, n, bk.dtype, buf, s);
 }
 
 void* Reducer::staging(int b) const {
@@ -445,6 +494,11 @@ void Reducer::collectives(int b, bool own_group) {
                        r.wire, &s, &c, dl});
     return;
   }
+  if (r.int8) {
+    const bool staged = !env_.arena;
+    int8_allreduce(b, staged ? staging(b) : r.base, staged ? r.packed_numel : bk.numel);
+    return;
+  }
   if (env_.arena && r.wire == bk.dtype) {
     if (env_.shard)
       c.reduce_scatter(r.base, r.shard_n, bk.dtype, r.red, s, dl);
@@ -512,7 +566,9 @@ void Reducer::account(int b) {
   BucketRt& r = *rt_[static_cast<size_t>(b)];
   const Bucket& bk = plan_.buckets[static_cast<size_t>(b)];
   uint64_t bytes = 0;
-  if (!env_.arena || r.wire != bk.dtype) {
+  if (r.int8) {
+    bytes = r.int8_chunk;
+  } else if (!env_.arena || r.wire != bk.dtype) {
     bytes = (env_.shard ? r.padded : r.packed_numel) * dtype_size(r.wire);
     for (const Segment& seg : r.direct.segs) bytes += seg.numel * dtype_size(bk.dtype);
   } else {

@@ -60,6 +60,7 @@ struct ReducerEnv {
   int64_t timeout_ms = 0;
   bool compress = false;  // f32/f64 buckets travel as compress_wire (16-bit)
   Dtype compress_wire = Dtype::BF16;
+  bool int8 = false;  // f32/f64 buckets travel as int8 blocks with error feedback (an all-gather)
   std::function<void(const HookCall&)> hook;  // a comm hook instead of the collectives (none: empty)
   Counters* counters = nullptr;
   Timeline* timeline = nullptr;
@@ -125,7 +126,9 @@ class Reducer {
   // out[0] += the sum of squares of this rank's shards' finite elements, out[1] += their NaN/Inf.
   void shard_norm_terms(void* user_stream, double out[2]);
 
-  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_ + (params_ ? arena_bytes_ : 0); }
+  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_ + (params_ ? arena_bytes_ : 0) + int8_bytes_; }
+  // The int8 wire: forgets every kept rounding error (a rank that joins contributes zeros from then on).
+  void clear_feedback();
   uint64_t arena_bytes() const { return arena_bytes_; }
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
@@ -160,6 +163,8 @@ class Reducer {
   // Host comms that cut pieces: the whole bucket piece by piece, every pass fused into the pieces.
   void pipeline(int b);
   void reduce_in_place(int b, void* p, size_t n);
+  void int8_allreduce(int b, void* buf, size_t n);
+  void alloc_int8(const std::vector<size_t>& gather_need, size_t residuals);
   const void* direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const;
   void scan(int b, const void* p, size_t n);
   void scan_packed(int b, Span span, size_t* cursor);
@@ -185,6 +190,10 @@ class Reducer {
   uint64_t gather_epoch_ = 0;
   Deadline gather_deadline_;
   uint64_t arena_bytes_ = 0;
+  float* residual_ = nullptr;  // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
+  size_t residuals_ = 0;       // (host memory: the int8 wire runs on host devices only)
+  std::vector<void*> gather_;  // int8 wire: per stream, the all-gather buffer of world chunks
+  uint64_t int8_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
   uint64_t iteration_ = 0;

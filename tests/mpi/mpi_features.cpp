@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -451,6 +452,236 @@ void test_compression(uint64_t seed) {
       }
 }
 
+// --- the int8 wire ---------------------------------------------------------------------------------
+// Host memory only (DDP_COMPRESS_INT8): grads of per-grad magnitudes (so that blocks span grads of
+// different scales), checked against a bound built from each 256-element block's largest magnitude on
+// each rank, this iteration's and the last one's (the rounding sent now and the one fed back).
+
+struct Int8Model {
+  std::vector<size_t> numel;
+  std::vector<ddp_dtype_t> dtype;
+  std::vector<double> mag;  // per grad: the inputs' scale
+  std::vector<std::vector<char>> copy;
+  std::vector<int> index;
+  std::vector<int> bucket;     // per grad
+  std::vector<size_t> offset;  // per grad: its first element's place in its bucket
+};
+
+double int8_input(uint64_t seed, int rank, int it, const Int8Model& m, size_t g, size_t i) {
+  return ref::quantize(ref::raw_value(seed, rank, it, static_cast<int>(g), i) * m.mag[g], m.dtype[g]);
+}
+
+// Per grad, where its elements sit in its bucket (blocks are counted from the bucket's start).
+bool int8_layout(ddp_t d, Int8Model& m, std::string* why) {
+  int nb = 0;
+  EXPECT_OK(ddp_get_plan(d, &nb, nullptr));
+  m.bucket.assign(m.numel.size(), -1);
+  m.offset.assign(m.numel.size(), 0);
+  for (int b = 0; b < nb; ++b) {
+    ddp_bucket_info_t info;
+    info.size = sizeof info;
+    std::vector<int> grads(m.numel.size());
+    EXPECT_OK(ddp_get_bucket(d, b, &info, grads.data(), grads.size()));
+    size_t at = 0;
+    for (int k = 0; k < info.num_grads; ++k) {
+      const size_t g = static_cast<size_t>(grads[static_cast<size_t>(k)]);
+      m.bucket[g] = b;
+      m.offset[g] = at;
+      at += m.numel[g];
+    }
+  }
+  return true;
+}
+
+// max |input| of rank r over every block of iteration `it`, keyed by (bucket, block).
+std::map<std::pair<int, size_t>, double> int8_block_max(uint64_t seed, int r, int it, const Int8Model& m) {
+  std::map<std::pair<int, size_t>, double> amax;
+  for (size_t g = 0; g < m.numel.size(); ++g)
+    for (size_t i = 0; i < m.numel[g]; ++i) {
+      double& a = amax[{m.bucket[g], (m.offset[g] + i) / 256}];
+      a = std::max(a, std::fabs(int8_input(seed, r, it, m, g, i)));
+    }
+  return amax;
+}
+
+// Runs `iters` iterations (inputs of iteration `it % period`: a period of 1 repeats one input) and
+// checks each against the per-block bound; with `mean`, also the mean over the iterations against a
+// bound `iters` times tighter (the error feedback at work). `nan_at`: an iteration where the last
+// rank's grad 0 element 0 is NaN.
+bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int period, bool mean, int nan_at,
+               uint64_t* bytes, std::string* why) {
+  std::mt19937_64 shared(seed), mine(seed * 11 + static_cast<uint64_t>(g_rank));
+  Int8Model m;
+  const int n = 2 + static_cast<int>(shared() % 7);
+  for (int g = 0; g < n; ++g) {
+    m.numel.push_back(1 + shared() % 2000);
+    m.dtype.push_back(shared() % 3 ? DDP_F32 : DDP_F64);
+    m.mag.push_back(std::ldexp(1.0, static_cast<int>(shared() % 13) - 6));
+  }
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.layout = l.arena;
+  cfg.plan_order = l.plan;
+  cfg.message_size = 1 + shared() % 5000;
+  cfg.compression = compression;
+  cfg.gradient_predivide_factor = shared() % 2 ? 1.0 : 3.0;
+  cfg.num_streams = 1 + static_cast<int>(shared() % 2);
+  cfg.timeout_ms = 30000;
+  ddp_t d = nullptr;
+  EXPECT_OK(ddp_create(g_comm, &cfg, &d));
+  const Closer closer{d};
+  m.copy.resize(m.numel.size());
+  m.index.resize(m.numel.size());
+  for (size_t g = 0; g < m.numel.size(); ++g) {
+    m.copy[g].assign(m.numel[g] * ref::dsize(m.dtype[g]), 0);
+    EXPECT_OK(ddp_register_grad(d, l.arena ? nullptr : m.copy[g].data(), m.numel[g], m.dtype[g], 0, &m.index[g]));
+  }
+  EXPECT_OK(ddp_commit(d));
+  if (!int8_layout(d, m, why)) return false;
+  auto ptr = [&](size_t g) -> void* {
+    void* p = m.copy[g].data();
+    if (l.arena) ddp_grad_ptr(d, m.index[g], &p);
+    return p;
+  };
+  std::vector<std::vector<double>> sum(m.numel.size());
+  for (size_t g = 0; g < m.numel.size(); ++g) sum[g].assign(m.numel[g], 0.0);
+  std::vector<std::map<std::pair<int, size_t>, double>> prev(static_cast<size_t>(g_world));
+  for (int it = 0; it < iters; ++it) {
+    const int in = it % period;
+    std::vector<size_t> order(m.numel.size());
+    for (size_t g = 0; g < m.numel.size(); ++g) {
+      order[g] = g;
+      for (size_t i = 0; i < m.numel[g]; ++i) ref::store(ptr(g), i, m.dtype[g], int8_input(seed, g_rank, in, m, g, i));
+    }
+    if (it == nan_at && g_rank == g_world - 1) ref::store(ptr(0), 0, m.dtype[0], std::nan(""));
+    std::shuffle(order.begin(), order.end(), mine);
+    EXPECT_OK(ddp_begin_backward(d, nullptr));
+    for (size_t g : order) EXPECT_OK(ddp_grad_ready(d, m.index[g]));
+    EXPECT_OK(ddp_finish_backward(d, nullptr));
+    // A learned plan is adopted at the end of iteration 0, before that iteration's reduction.
+    if (it == 0 && !int8_layout(d, m, why)) return false;
+    std::vector<char> reduced;
+    for (size_t g = 0; g < m.numel.size(); ++g)
+      reduced.insert(reduced.end(), static_cast<char*>(ptr(g)), static_cast<char*>(ptr(g)) + m.copy[g].size());
+    if (!same_everywhere(reduced, why, "reduced grads")) return false;
+    if (compression != DDP_COMPRESS_INT8) continue;  // (the uncompressed run only counts bytes)
+    std::vector<std::map<std::pair<int, size_t>, double>> now(static_cast<size_t>(g_world));
+    for (int r = 0; r < g_world; ++r) now[static_cast<size_t>(r)] = int8_block_max(seed, r, in, m);
+    for (size_t g = 0; g < m.numel.size(); ++g)
+      for (size_t i = 0; i < m.numel[g]; ++i) {
+        const std::pair<int, size_t> block{m.bucket[g], (m.offset[g] + i) / 256};
+        double want = 0, mag = 0, bound = 0;
+        for (int r = 0; r < g_world; ++r) {
+          const double v = int8_input(seed, r, in, m, g, i);
+          want += v;
+          mag += std::fabs(v);
+          // The plan of iteration 0 may differ from the one learned after it: no feedback bound there.
+          const double last = it > 0 ? prev[static_cast<size_t>(r)][block] : now[static_cast<size_t>(r)][block];
+          bound += (now[static_cast<size_t>(r)][block] + last) * 1.02 / 254.0;
+        }
+        const double got = ref::load(ptr(g), i, m.dtype[g]) * g_world;
+        if (it == nan_at && g == 0 && i == 0) {
+          if (!std::isnan(got)) {
+            *why = "iteration " + std::to_string(it) + ": a NaN input gave " + std::to_string(got);
+            return false;
+          }
+          continue;
+        }
+        if (it == nan_at && block.first == m.bucket[0] && block.second == m.offset[0] / 256) continue;  // NaN block
+        if (!(std::fabs(got - want) <= bound + 1e-6 * mag + 1e-30)) {
+          *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
+                 "] (dtype " + std::to_string(m.dtype[g]) + "): sum " + std::to_string(got) + ", want " +
+                 std::to_string(want) + " within " + std::to_string(bound);
+          return false;
+        }
+        if (mean && it > 0) sum[g][i] += got;  // (iteration 0 starts the feedback from nothing)
+      }
+    prev = now;
+  }
+  if (mean)
+    for (size_t g = 0; g < m.numel.size(); ++g)
+      for (size_t i = 0; i < m.numel[g]; ++i) {
+        double want = 0, bound = 0;
+        for (int r = 0; r < g_world; ++r) {
+          want += int8_input(seed, r, 0, m, g, i);
+          bound += 2.0 * prev[static_cast<size_t>(r)][{m.bucket[g], (m.offset[g] + i) / 256}] * 1.02 / 254.0;
+        }
+        const double avg = sum[g][i] / (iters - 1);
+        if (!(std::fabs(avg - want) <= bound / (iters - 1) + 1e-6 * std::fabs(want) + 1e-30)) {
+          *why = "error feedback: grad " + std::to_string(g) + "[" + std::to_string(i) + "]: mean over " +
+                 std::to_string(iters - 1) + " iterations " + std::to_string(avg) + ", want " + std::to_string(want) +
+                 " within " + std::to_string(bound / (iters - 1));
+          return false;
+        }
+      }
+  if (bytes) {
+    ddp_stats_t st;
+    st.size = sizeof st;
+    EXPECT_OK(ddp_get_stats(d, &st));
+    *bytes = st.bytes_reduced;
+  }
+  return true;
+}
+
+ddp_status_t int8_no_hook(const ddp_hook_bucket_t*, void*) { return DDP_SUCCESS; }
+
+void test_int8(uint64_t seed) {
+#if DDP_TEST_NCCL
+  {
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.compression = DDP_COMPRESS_INT8;
+    ddp_t d = nullptr;
+    std::string why;
+    const bool ok = expect_status(ddp_create(g_comm, &cfg, &d), DDP_ERR_UNSUPPORTED, "host memory only", &why);
+    ddp_destroy(d);
+    record("int8: refused on NCCL", ok, why);
+    return;
+  }
+#endif
+  int n = 0;
+  for (int arena = 0; arena < 2; ++arena)
+    for (int plan = 0; plan < 2; ++plan) {
+      const Layout l{arena, plan};
+      const std::string name = std::string(arena ? " arena" : " copy") + (plan ? " registration" : " learned");
+      const uint64_t s = seed + static_cast<uint64_t>(++n) * 419;
+      std::string why;
+      const int q = DDP_COMPRESS_INT8;
+      record("int8: fresh inputs, per-block bound" + name, int8_case(l, q, s, 4, 4, false, -1, nullptr, &why), why);
+      why.clear();
+      record("int8: one input repeated, the mean converges (error feedback)" + name,
+             int8_case(l, q, s + 1, 17, 1, true, -1, nullptr, &why), why);
+      why.clear();
+      record("int8: a NaN block is NaN everywhere, the next iteration is clean" + name,
+             int8_case(l, q, s + 2, 4, 4, false, 2, nullptr, &why), why);
+      // The wire carries about a quarter of the fp32 bytes (an eighth of f64's).
+      why.clear();
+      uint64_t packed = 0, plain = 0;
+      bool ok = int8_case(l, q, s + 3, 2, 2, false, -1, &packed, &why) &&
+                int8_case(l, DDP_COMPRESS_NONE, s + 3, 2, 2, false, -1, &plain, &why);
+      if (ok && !(packed * 3 <= plain)) {
+        ok = false;
+        why = "bytes reduced: " + std::to_string(packed) + " int8, " + std::to_string(plain) + " uncompressed";
+      }
+      record("int8: bytes on the wire" + name, ok, why);
+    }
+  std::string why;
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.compression = DDP_COMPRESS_INT8;
+  cfg.shard = 1;
+  cfg.layout = DDP_LAYOUT_ARENA;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  ddp_t d = nullptr;
+  bool ok =
+      expect_status(ddp_create(g_comm, &cfg, &d), DDP_ERR_INVALID_ARGUMENT, "not available with config.shard", &why);
+  ddp_destroy(d);
+  d = nullptr;
+  cfg = DDP_CONFIG_INITIALIZER;
+  cfg.compression = DDP_COMPRESS_INT8;
+  ok = ok && ddp_create(g_comm, &cfg, &d) == DDP_SUCCESS &&
+       expect_status(ddp_set_comm_hook(d, int8_no_hook, nullptr), DDP_ERR_INVALID_STATE, "compression", &why);
+  ddp_destroy(d);
+  record("int8: with shard or a comm hook refused", ok, why);
+}
+
 // --- comm hooks ------------------------------------------------------------------------------------
 
 struct HookLog {
@@ -579,6 +810,7 @@ int main(int argc, char** argv) {
   test_host_collectives(seed);
   test_join(seed + 1);
   test_compression(seed + 2);
+  test_int8(seed + 4);
   test_hooks(seed + 3);
   test_host_mismatch();
   return finish(label, seed);

@@ -151,7 +151,7 @@ end
 const ENUMS = Dict(:layout => Dict(:copy => 0, :arena => 1),
                    :plan_order => Dict(:learned => 0, :registration => 1),
                    :unused_policy => Dict(:error => 0, :zero => 1),
-                   :compression => Dict(:none => 0, :bf16 => 1, :fp16 => 2),
+                   :compression => Dict(:none => 0, :bf16 => 1, :fp16 => 2, :int8 => 3),
                    :uneven_inputs => Dict(:off => 0, :by_contributors => 1, :by_world => 2))
 
 # ---- communicators -----------------------------------------------------------------------------

@@ -267,7 +267,12 @@ _ENUMS = {
     "layout": {"copy": L.DDP_LAYOUT_COPY, "arena": L.DDP_LAYOUT_ARENA},
     "plan_order": {"learned": L.DDP_PLAN_LEARNED, "registration": L.DDP_PLAN_REGISTRATION},
     "unused_policy": {"error": L.DDP_UNUSED_ERROR, "zero": L.DDP_UNUSED_ZERO},
-    "compression": {"none": L.DDP_COMPRESS_NONE, "bf16": L.DDP_COMPRESS_BF16, "fp16": L.DDP_COMPRESS_FP16},
+    "compression": {
+        "none": L.DDP_COMPRESS_NONE,
+        "bf16": L.DDP_COMPRESS_BF16,
+        "fp16": L.DDP_COMPRESS_FP16,
+        "int8": L.DDP_COMPRESS_INT8,
+    },
     "uneven_inputs": {"off": L.DDP_UNEVEN_OFF, "by_contributors": L.DDP_UNEVEN_BY_CONTRIBUTORS,
                       "by_world": L.DDP_UNEVEN_BY_WORLD},
 }

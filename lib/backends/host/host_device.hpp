@@ -38,6 +38,13 @@ class HostDevice final : public Device {
   void scan_nonfinite(const void* buf, size_t n, Dtype d, size_t slot, Stream&) override;
   bool take_nonfinite(size_t slot, Stream&) override;
   void norm_terms(const void* buf, size_t n, Dtype d, Stream&, double out[2]) override;
+  void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk, Stream&) override {
+    host::int8_quantize(x, d, n, residual, chunk);
+  }
+  void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out,
+                        Stream&) override {
+    host::int8_dequant_sum(chunks, chunk_bytes, world, n, d, out);
+  }
 
  private:
   // Set by a stream of this device that wrote off a worker blocked in a collective.

@@ -2,6 +2,7 @@
 // CUDA kernels (kernels/elementwise.h); this file is built with vectorization on (see the Makefile).
 #include "backends/host/host_kernels.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -90,6 +91,58 @@ void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, doub
     case Dtype::F32: return sum_scaled_typed<elem::F32>(a, b, out, n, scale);
     case Dtype::F64: return sum_scaled_typed<elem::F64>(a, b, out, n, scale);
   }
+}
+
+template <class T>
+static void int8_quantize_typed(const void* x, size_t n, float* residual, void* chunk) {
+  const typename T::storage* in = static_cast<const typename T::storage*>(x);
+  float* scales = static_cast<float*>(chunk);
+  int8_t* q = static_cast<int8_t*>(chunk) + elem::int8_blocks(n) * 4;
+  for (size_t b = 0, lo = 0; lo < n; ++b, lo += elem::kInt8Block) {
+    const size_t k = std::min<size_t>(elem::kInt8Block, n - lo);
+    elem::int8_quantize_block<T>(in + lo, residual + lo, k, scales + b, q + lo);
+  }
+}
+
+void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk) {
+  if (d == Dtype::F64)
+    int8_quantize_typed<elem::F64>(x, n, residual, chunk);
+  else if (d == Dtype::F32)
+    int8_quantize_typed<elem::F32>(x, n, residual, chunk);
+  else
+    fail(DDP_ERR_INTERNAL, "the int8 wire takes f32 or f64 buckets, not %s", dtype_name(d));
+}
+
+// Block by block, rank after rank: each rank's term is added to the whole block in turn, so the
+// inner loop is a plain multiply-add over contiguous values.
+template <class T>
+static void int8_dequant_sum_typed(const void* chunks, size_t chunk_bytes, int world, size_t n, void* out) {
+  typedef typename T::math M;
+  const char* base = static_cast<const char*>(chunks);
+  const size_t q_at = elem::int8_blocks(n) * 4;
+  typename T::storage* o = static_cast<typename T::storage*>(out);
+  M acc[elem::kInt8Block];
+  for (size_t b = 0, lo = 0; lo < n; ++b, lo += elem::kInt8Block) {
+    const size_t k = std::min<size_t>(elem::kInt8Block, n - lo);
+    for (size_t i = 0; i < k; ++i) acc[i] = M(0);
+    for (int r = 0; r < world; ++r) {
+      const char* c = base + static_cast<size_t>(r) * chunk_bytes;
+      float scale;
+      std::memcpy(&scale, c + b * 4, 4);
+      const int8_t* q = reinterpret_cast<const int8_t*>(c + q_at) + lo;
+      for (size_t i = 0; i < k; ++i) acc[i] = elem::int8_term<T>(acc[i], q[i], scale);
+    }
+    for (size_t i = 0; i < k; ++i) o[lo + i] = T::store(acc[i]);
+  }
+}
+
+void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out) {
+  if (d == Dtype::F64)
+    int8_dequant_sum_typed<elem::F64>(chunks, chunk_bytes, world, n, out);
+  else if (d == Dtype::F32)
+    int8_dequant_sum_typed<elem::F32>(chunks, chunk_bytes, world, n, out);
+  else
+    fail(DDP_ERR_INTERNAL, "the int8 wire takes f32 or f64 buckets, not %s", dtype_name(d));
 }
 
 template <class T>

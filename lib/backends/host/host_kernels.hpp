@@ -15,6 +15,11 @@ void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scal
 // out[i] = (a[i] + b[i]) * scale for n elements (elem::sum_scaled; a scale of 1 is a plain sum). out
 // may be a; b overlaps neither.
 void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, double scale);
+// The int8 wire (elem::int8_quantize_block): x's n elements (F32 or F64) plus `residual` into the
+// chunk of elem::int8_chunk_bytes(n) bytes, block after block; residual becomes what was not sent.
+void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk);
+// out[i] = the sum over `world` chunks, chunk_bytes apart, of q * scale, in rank order, in d's math.
+void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out);
 // Whether any of the n elements is an infinity or a NaN.
 bool has_nonfinite(const void* buf, size_t n, Dtype d);
 

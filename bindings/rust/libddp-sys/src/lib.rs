@@ -37,6 +37,7 @@ pub const DDP_OP_MIN: c_int = 3;
 pub const DDP_COMPRESS_NONE: c_int = 0;
 pub const DDP_COMPRESS_BF16: c_int = 1;
 pub const DDP_COMPRESS_FP16: c_int = 2;
+pub const DDP_COMPRESS_INT8: c_int = 3;
 pub const DDP_UNEVEN_OFF: c_int = 0;
 pub const DDP_UNEVEN_BY_CONTRIBUTORS: c_int = 1;
 pub const DDP_UNEVEN_BY_WORLD: c_int = 2;

@@ -222,7 +222,7 @@ pub struct Config {
     pub stall_warning_ms: i64,
     /// Sharded reduction (reduce-scatter; needs `arena` and `registration_plan`).
     pub shard: bool,
-    /// The wire of f32/f64 buckets: `sys::DDP_COMPRESS_NONE`, `_BF16` or `_FP16`.
+    /// The wire of f32/f64 buckets: `sys::DDP_COMPRESS_NONE`, `_BF16`, `_FP16` or `_INT8`.
     pub compression: i32,
     /// Uneven inputs (`Ddp::join`): `sys::DDP_UNEVEN_OFF`, `_BY_CONTRIBUTORS` or `_BY_WORLD`.
     pub uneven_inputs: i32,
