@@ -699,6 +699,63 @@ int bench_sharded() {
   return 0;
 }
 
+// ------------------------------------------------------------------------------------------------
+// 7. compressed: the 16-bit and int8 wires against the fp32 path, on the same grads
+// ------------------------------------------------------------------------------------------------
+int bench_compressed() {
+  const std::vector<size_t> sizes = transformer_grad_sizes();
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  const int reps = 9;
+  const int modes[] = {DDP_COMPRESS_NONE, DDP_COMPRESS_BF16, DDP_COMPRESS_FP16, DDP_COMPRESS_INT8};
+  const char* names[] = {"fp32 (none)", "bf16", "fp16", "int8"};
+  const double targets[] = {0.0, 0.65, 0.65, 0.45};
+  ddp_comm_t comm = world_comm();
+  std::string json;
+  bool met = true;
+  if (g_rank == 0)
+    std::printf("\n## 7. compressed wires: %d ranks, %zu f32 grads, %.1fM elements, message_size 10M\n\n"
+                "median of %d interleaved rounds, slowest rank\n\n| layout | wire | ms | bytes per rank | "
+                "over fp32 | target |\n|---|---|---:|---:|---:|---|\n",
+                g_world, sizes.size(), double(total) / 1e6, reps);
+  for (int layout : {DDP_LAYOUT_COPY, DDP_LAYOUT_ARENA}) {
+    std::vector<Model> m;
+    for (int mode : modes) {
+      ddp_config_t cfg = config(layout, 10000000);
+      cfg.compression = mode;
+      m.push_back(make_model(comm, cfg, sizes));
+      iteration_ms(m.back());  // warm-up
+    }
+    std::vector<std::vector<double>> ms(m.size());
+    for (int r = 0; r < reps; ++r)  // interleaved, so that a change of load hits every wire alike
+      for (size_t k = 0; k < m.size(); ++k) ms[k].push_back(iteration_ms(m[k]));
+    const char* lname = layout == DDP_LAYOUT_ARENA ? "arena" : "copy";
+    for (size_t k = 0; k < m.size(); ++k) {
+      const ddp_stats_t st = stats(m[k].ddp);
+      const double bytes = double(st.bytes_reduced) / double(st.iterations);
+      const double ratio = median(ms[k]) / median(ms[0]);
+      const bool ok = targets[k] == 0.0 || ratio <= targets[k];
+      met = met && ok;
+      if (g_rank == 0) {
+        std::printf("| %s | %s | %.1f | %.1f MB | %.3f | %s |\n", lname, names[k], median(ms[k]), bytes / 1e6, ratio,
+                    targets[k] == 0.0 ? "" : (std::string(ok ? "met" : "MISSED") + " (<= " + std::to_string(targets[k]).substr(0, 4) + ")").c_str());
+        json += std::string(json.empty() ? "" : ",") + "{\"layout\":\"" + lname + "\",\"wire\":\"" + names[k] +
+                "\",\"bytes\":" + std::to_string(bytes) + ",\"ms\":" + json_array(ms[k]) + "}";
+      }
+      ddp_destroy(m[k].ddp);
+    }
+  }
+  ddp_comm_destroy(comm);
+  if (g_rank == 0) {
+    std::printf("\ntargets (16-bit <= 0.65x, int8 <= 0.45x the fp32 path, both layouts): %s\n", met ? "met" : "MISSED");
+    FILE* f = open_json("compressed");
+    json_head(f, "compressed");
+    std::fprintf(f, "\"grads\":%zu,\"numel\":%zu,\"runs\":[%s]}\n", sizes.size(), total, json.c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -708,7 +765,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (argc < 3) {
     if (g_rank == 0)
-      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded OUTDIR [copy|arena]\n");
+      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded|compressed OUTDIR [copy|arena]\n");
     MPI_Finalize();
     return 2;
   }
@@ -731,6 +788,8 @@ int main(int argc, char** argv) {
     rc = bench_memory(argv[3]);
   else if (what == "sharded")
     rc = bench_sharded();
+  else if (what == "compressed")
+    rc = bench_compressed();
   else if (g_rank == 0)
     std::fprintf(stderr, "unknown benchmark '%s'\n", what.c_str());
   std::fflush(stdout);

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# make bench: the six benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# make bench: the seven benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
 # Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
 set -u
 bin=$1; out=$2
 MPIRUN=${MPIRUN:-mpirun --oversubscribe -np}
 NP=${NP:-2}
 mkdir -p "$out"
+rm -f "$out/compressed_training.jsonl"
 here=$(cd "$(dirname "$0")" && pwd)
 fail=0
 step() { echo; echo "=== $*"; }
@@ -48,6 +49,24 @@ print(f"\ntargets: arena < 1% of the grads: {a:.4f} {'met' if a < 0.01 else 'MIS
 json.dump({"bench": "memory", "runs": rows}, open(f"{out}/memory.json", "w"), indent=1)
 PY
 step "6. sharded"; run 240 "$NP" "$bin" sharded "$out"
+step "7. compressed wires"; run 300 "$NP" "$bin" compressed "$out"
+# Training with each wire: the example trainer's final loss against the uncompressed run's.
+trainer=$(dirname "$bin")/../examples/mlp_trainer
+if [ -x "$trainer" ]; then
+  echo; echo "training (examples/mlp_trainer, $NP ranks, 60 steps, Adam): final loss per wire"
+  echo; echo "| wire | first loss | final loss | over fp32's |"; echo "|---|---:|---:|---:|"
+  base=""
+  for c in none bf16 fp16 int8; do
+    line=$(timeout 300 env $MPIRUN "$NP" "$trainer" --steps 60 --optimizer adam --lr 0.002 --compression $c --quiet 2>&1 |
+           sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\) over.*/\1 \2/p')
+    [ -n "$line" ] || { echo "bench: the trainer with --compression $c failed"; fail=1; continue; }
+    read -r first last <<<"$line"
+    [ -z "$base" ] && base=$last
+    echo "| $c | $first | $last | $(awk -v a="$last" -v b="$base" 'BEGIN{printf "%.4f", a / b}') |"
+    echo "{\"wire\":\"$c\",\"first_loss\":$first,\"final_loss\":$last}" >> "$out/compressed_training.jsonl"
+  done
+  echo; echo "target: every wire's final loss within 1% of fp32's (see the last column)"
+fi
 echo
 echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $fail

@@ -28,7 +28,9 @@
  *
  * Usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]
  *                    [--delay] [--comm mpi|gloo|self|nccl] [--init METHOD] [--timeline file.json] [--quiet]
- *                    [--optimizer sgd|momentum|adam] [--shard]
+ *                    [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]
+ *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
+ *                  or a 16-bit wire; compare the losses with --compression none
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -55,7 +57,7 @@ static const int kDims[NUM_LAYERS + 1] = {INPUT_DIM, 2048, 2048, 2048, NUM_CLASS
 enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
 
 typedef struct options {
-  int steps, batch, layout, delay, quiet, optimizer, shard;
+  int steps, batch, layout, delay, quiet, optimizer, shard, compression;
   size_t message_size;
   float lr;
   const char* comm;
@@ -353,12 +355,12 @@ static void usage(void) {
           "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
           "                   [--delay] [--comm mpi|gloo|self|nccl] [--init env://|tcp://H:P|file:///DIR]\n"
           "                   [--timeline file.json] [--quiet]\n"
-          "                   [--optimizer sgd|momentum|adam] [--shard]\n");
+          "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n");
   exit(2);
 }
 
 static options_t parse(int argc, char** argv) {
-  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, 2000000, 0.05f, "mpi", NULL, "env://"};
+  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, DDP_COMPRESS_NONE, 2000000, 0.05f, "mpi", NULL, "env://"};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -393,6 +395,13 @@ static options_t parse(int argc, char** argv) {
         o.optimizer = OPT_ADAM;
       else
         usage();
+      ++i;
+    } else if (!strcmp(a, "--compression")) {
+      static const char* const names[] = {"none", "bf16", "fp16", "int8"};
+      o.compression = -1;
+      for (int k = 0; k < 4; ++k)
+        if (!strcmp(v, names[k])) o.compression = k; /* DDP_COMPRESS_NONE .. DDP_COMPRESS_INT8 */
+      if (o.compression < 0) usage();
       ++i;
     } else if (!strcmp(a, "--layout")) {
       if (!strcmp(v, "arena"))
@@ -467,6 +476,7 @@ int main(int argc, char** argv) {
   cfg.delay_allreduce = opt.delay;
   cfg.timeline_path = opt.timeline;
   cfg.shard = opt.shard;
+  cfg.compression = opt.compression;
   if (opt.shard && t.device_grads) {
     fprintf(stderr, "--shard: this example trains on the host; use --comm mpi or self\n");
     exit(2);

@@ -2,7 +2,7 @@
 # (Prerequisites name $(BUILD)/lib/libddp.so: this file is read before the Makefile defines $(SHARED).)
 #   make demo                 the MLP trainer on DEMO_NP ranks (over MPI; without it, over Gloo)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
-#   make bench                the five benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
+#   make bench                the seven benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
 # Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo or self), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
 # A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace,
 # microseconds since the epoch); tools/merge_timeline.py -o /tmp/t.merged.json /tmp/t.json merges the
@@ -76,7 +76,7 @@ $(BENCH_BIN): bench/ddp_bench.cpp bench/grad_sizes.hpp include/ddp.h $(BUILD)/li
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(MPI_LIBS)
 
 ifeq ($(HAVE_MPI),1)
-bench: $(BENCH_BIN)
+bench: $(BENCH_BIN) $(DEMO_BIN)
 	$(Q)MPIRUN="$(RUN_NP)" bench/run.sh $(BENCH_BIN) $(BUILD)/bench
 else
 bench:
