@@ -541,7 +541,8 @@ typedef struct ddp_hook_bucket {
  * ddp_comm_allreduce on bucket->comm, and no other libddp function of this context. A status other
  * than DDP_SUCCESS fails the bucket as a failed collective does, and the context aborts:
  * ddp_finish_backward returns DDP_ERR_TIMEOUT for a hook's timeout, DDP_ERR_ABORTED otherwise, with
- * the message "comm hook returned S (text) for bucket B: <the hook thread's ddp_last_error()>". */
+ * the message "comm hook returned S (text) for bucket B: <the hook thread's ddp_last_error()>" (on
+ * GPUs the call that launched the bucket, ddp_grad_ready for one, returns that error first). */
 typedef ddp_status_t (*ddp_comm_hook_fn)(const ddp_hook_bucket_t* bucket, void* user_data);
 
 /* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. Before the first

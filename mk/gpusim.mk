@@ -1,9 +1,9 @@
 # The GPU backend on a simulated CUDA runtime and NCCL (tests/gpusim): no GPU, no nvcc.
 #   make test-gpusim   (suite gpusim, part of make test) builds, in $(BUILD)/gpusim, the library with
 #                      its CUDA backend against the simulations (the host compiler compiles the kernel
-#                      bodies), then runs the GPU tests, the multi-rank reduction suite over
-#                      ddp_comm_init_nccl_mpi at NP_LIST, the example trainer's CUDA variant, and the
-#                      GPU tests again under TSan ($(BUILD)/gpusim-tsan).
+#                      bodies), then runs the GPU tests, the multi-rank reduction, shard and features
+#                      suites over ddp_comm_init_nccl_mpi at NP_LIST, the example trainer's CUDA
+#                      variant, and the GPU tests again under TSan ($(BUILD)/gpusim-tsan).
 # Inside that build GPUSIM=1: the lines below the `else` define it.
 ifneq ($(GPUSIM),1)
 
@@ -63,12 +63,14 @@ $(SIM_GPU_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(SIM_GPU_SRCS)) $(BUILD)/lib/libd
 	$(call say,LINK,$@)
 	$(Q)$(CXX) -o $@ $(filter %.o %.a,$^) $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-# The multi-rank reduction and shard suites over the simulated NCCL.
+# The multi-rank reduction, shard and features suites over the simulated NCCL.
 SIM_MPI_BIN := $(BUILD)/tests/mpi_nccl
 SIM_SHARD_BIN := $(BUILD)/tests/mpi_nccl_shard
+SIM_FEATURES_BIN := $(BUILD)/tests/mpi_nccl_features
 $(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp
 $(SIM_SHARD_BIN): tests/mpi/mpi_shard.cpp
-$(SIM_MPI_BIN) $(SIM_SHARD_BIN): tests/mpi/reference.hpp tests/mpi/harness.hpp $(BUILD)/lib/libddp.so
+$(SIM_FEATURES_BIN): tests/mpi/mpi_features.cpp
+$(SIM_MPI_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN): tests/mpi/reference.hpp tests/mpi/harness.hpp $(BUILD)/lib/libddp.so
 	$(call say,CXX,$(filter %.cpp,$^))
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(SIM_INC) -DDDP_TEST_NCCL=1 -DOMPI_SKIP_MPICXX=1 \
@@ -88,8 +90,8 @@ GPUSIM_TSAN ?=
 .PHONY: gpusim-run gpusim-gpu
 gpusim-gpu: $(SIM_GPU_BIN)
 	$(Q)DDP_GPUSIM_DEVICES=2 tests/gpu/suite.sh $(SIM_GPU_BIN)
-gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN)
+gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN)
 	$(Q)BUILD=$(BUILD) MPIRUN="$(MPIRUN)" TSAN_BUILD="$(GPUSIM_TSAN)" MAKE_CMD="$(MAKE) --no-print-directory" \
-	  SHARD_BIN=$(SIM_SHARD_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
+	  SHARD_BIN=$(SIM_SHARD_BIN) FEATURES_BIN=$(SIM_FEATURES_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
 
 endif

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The gpusim suite: the GPU tests, the multi-rank reduction suite over the simulated NCCL, the example
-# trainer's CUDA variant on 2 ranks (both layouts), and the GPU tests again under TSan. Each part
-# prints "name: P passed, F failed[, S skipped]"; the last line sums them:
+# The gpusim suite: the GPU tests, the multi-rank reduction, shard and features suites over the
+# simulated NCCL, the example trainer's CUDA variant on 2 ranks (both layouts), and the GPU tests again
+# under TSan. Each part prints "name: P passed, F failed[, S skipped]"; the last line sums them:
 #   "gpusim: P passed, F failed, S skipped"
 # Usage: tests/gpusim/run.sh GPU_TESTS MPI_NCCL_BIN TRAINER_BIN (env: BUILD, MPIRUN, TSAN_BUILD, MAKE_CMD,
-# SHARD_BIN: the shard suite's binary)
+# SHARD_BIN: the shard suite's binary, FEATURES_BIN: the features suite's)
 gpu_bin=$1 mpi_bin=$2 demo_bin=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -28,17 +28,16 @@ out=$(DDP_GPUSIM_DEVICES=2 timeout 600 "$root/tests/gpu/suite.sh" "$gpu_bin" 2>&
 echo "$out" | tail -n 25
 add "$out" "gpu" $rc
 
-echo "== the multi-rank reduction suite over the simulated NCCL"
-out=$(DDP_GPUSIM_DEVICES=4 MPIRUN="$MPIRUN" "$root/tests/mpi/run.sh" "$mpi_bin" mpi-nccl 2>&1); rc=$?
-echo "$out" | tail -n 25
-add "$out" "mpi-nccl" $rc
-
-if [ -n "${SHARD_BIN:-}" ]; then
-  echo "== the multi-rank shard suite over the simulated NCCL"
-  out=$(DDP_GPUSIM_DEVICES=4 MPIRUN="$MPIRUN" "$root/tests/mpi/run.sh" "$SHARD_BIN" mpi-nccl-shard 2>&1); rc=$?
+nccl_part() {  # a multi-rank suite's binary $2 over the simulated NCCL at every world size, label $3
+  local out rc
+  echo "== $1 over the simulated NCCL"
+  out=$(DDP_GPUSIM_DEVICES=4 MPIRUN="$MPIRUN" "$root/tests/mpi/run.sh" "$2" "$3" 2>&1); rc=$?
   echo "$out" | tail -n 25
-  add "$out" "mpi-nccl-shard" $rc
-fi
+  add "$out" "$3" $rc
+}
+nccl_part "the multi-rank reduction suite" "$mpi_bin" mpi-nccl
+if [ -n "${SHARD_BIN:-}" ]; then nccl_part "the multi-rank shard suite" "$SHARD_BIN" mpi-nccl-shard; fi
+if [ -n "${FEATURES_BIN:-}" ]; then nccl_part "the features suite" "$FEATURES_BIN" mpi-nccl-features; fi
 
 echo "== the example trainer, CUDA variant, 2 ranks over the simulated NCCL"
 p=0 f=0

@@ -98,8 +98,9 @@ inline bool expect_status(ddp_status_t got, ddp_status_t want, const char* needl
   return true;
 }
 
-// Whether the communicator under test is Gloo's (DDP_TEST_GLOO).
-bool g_gloo = false;
+// Whether the communicator under test is Gloo's (DDP_TEST_GLOO; never in the NCCL build, whose programs
+// may not read it).
+[[maybe_unused]] bool g_gloo = false;
 
 // Destroys a context when a test returns early.
 struct Closer {

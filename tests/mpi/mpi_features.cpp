@@ -3,7 +3,11 @@
 // 16-bit wire (config.compression), host collectives (ddp_allreduce_host, ddp_barrier) and comm
 // hooks (ddp_set_comm_hook with ddp_comm_allreduce). Values are checked against a float64 reference
 // built from every rank's deterministic inputs; reduced values are bitwise the same on every rank.
-// Rank 0 prints "mpi-features(np=N): P passed, F failed" (gloo-features over Gloo).
+// Built with DDP_TEST_NCCL=1 (the gpusim suite), the same cases run over ddp_comm_init_nccl_mpi with
+// every grad in device memory: NCCL sums 16-bit grads in their own type, hooks enqueue on the
+// bucket's stream, and ddp_comm_allreduce outside a hook is refused on a device comm.
+// Rank 0 prints "mpi-features(np=N): P passed, F failed" (gloo-features over Gloo, mpi-nccl-features
+// over NCCL).
 #include <mpi.h>
 #include <unistd.h>
 
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,6 +29,16 @@
 #include "reference.hpp"
 
 namespace {
+
+// Grad memory of the copy layout (device memory on NCCL), freed with its owner.
+using GradBuf = std::unique_ptr<void, void (*)(void*)>;
+GradBuf grad_buf(size_t bytes) { return GradBuf(grad_alloc(bytes), grad_free); }
+
+// Whether `got` is the reduced value (ref::close); NCCL sums 16-bit grads in their own type.
+bool close_reduced(double got, double want, double mag, ddp_dtype_t d) {
+  const bool native16 = DDP_TEST_NCCL && (d == DDP_F16 || d == DDP_BF16);
+  return native16 ? ref::close_native16(got, want, mag, d) : ref::close(got, want, mag, d);
+}
 
 // Every rank's hash of `bytes` equal to rank 0's.
 bool same_everywhere(const std::vector<char>& bytes, std::string* why, const char* what) {
@@ -124,10 +139,10 @@ void test_host_collectives(uint64_t seed) {
              ok, why);
     }
   // Before registration closes and after: the control path does not depend on the buckets.
-  float one = 1.0f;
+  const GradBuf one = grad_buf(sizeof(float));
   int index = -1;
   why.clear();
-  ok = ddp_register_grad(d, &one, 1, DDP_F32, 0, &index) == DDP_SUCCESS && ddp_commit(d) == DDP_SUCCESS &&
+  ok = ddp_register_grad(d, one.get(), 1, DDP_F32, 0, &index) == DDP_SUCCESS && ddp_commit(d) == DDP_SUCCESS &&
        host_allreduce_case(d, seed + 99, 5, DDP_F64, DDP_OP_SUM, &why);
   record("host: ddp_allreduce_host after ddp_commit", ok, why.empty() ? ddp_last_error() : why);
 
@@ -201,7 +216,7 @@ struct Layout {
 struct Model {
   std::vector<size_t> numel;
   std::vector<ddp_dtype_t> dtype;
-  std::vector<std::vector<char>> copy;  // copy layout: the grads' storage
+  std::vector<GradBuf> copy;  // copy layout: the grads' storage
   std::vector<int> index;
 };
 
@@ -216,13 +231,13 @@ Model make_model(std::mt19937_64& shared, bool floats_only32, bool big) {
 }
 
 bool register_model(ddp_t d, Model& m, bool arena, std::string* why) {
-  m.copy.resize(m.numel.size());
+  m.copy.clear();
   m.index.resize(m.numel.size());
   for (size_t g = 0; g < m.numel.size(); ++g) {
     void* p = nullptr;
     if (!arena) {
-      m.copy[g].assign(m.numel[g] * ref::dsize(m.dtype[g]), 0);
-      p = m.copy[g].data();
+      m.copy.push_back(grad_buf(m.numel[g] * ref::dsize(m.dtype[g])));
+      p = m.copy.back().get();
     }
     EXPECT_OK(ddp_register_grad(d, p, m.numel[g], m.dtype[g], 0, &m.index[g]));
   }
@@ -231,10 +246,15 @@ bool register_model(ddp_t d, Model& m, bool arena, std::string* why) {
 }
 
 void* grad_of(ddp_t d, Model& m, size_t g, bool arena) {
-  if (!arena) return m.copy[g].data();
+  if (!arena) return m.copy[g].get();
   void* p = nullptr;
   ddp_grad_ptr(d, m.index[g], &p);
   return p;
+}
+
+// Grad g's bytes, copied to the host.
+std::vector<char> read_grad(ddp_t d, Model& m, size_t g, bool arena) {
+  return grad_read(grad_of(d, m, g, arena), m.numel[g] * ref::dsize(m.dtype[g]));
 }
 
 // Writes this rank's grads of iteration `it` and runs one backward pass, marking them in an order of
@@ -243,9 +263,11 @@ bool backward(ddp_t d, Model& m, bool arena, uint64_t seed, int it, std::mt19937
   std::vector<size_t> order(m.numel.size());
   for (size_t g = 0; g < order.size(); ++g) {
     order[g] = g;
-    void* p = grad_of(d, m, g, arena);
+    std::vector<char> host(m.numel[g] * ref::dsize(m.dtype[g]));
     for (size_t i = 0; i < m.numel[g]; ++i)
-      ref::store(p, i, m.dtype[g], ref::quantize(ref::raw_value(seed, g_rank, it, static_cast<int>(g), i), m.dtype[g]));
+      ref::store(host.data(), i, m.dtype[g],
+                 ref::quantize(ref::raw_value(seed, g_rank, it, static_cast<int>(g), i), m.dtype[g]));
+    grad_write(grad_of(d, m, g, arena), host);
   }
   std::shuffle(order.begin(), order.end(), mine);
   EXPECT_OK(ddp_begin_backward(d, nullptr));
@@ -257,8 +279,8 @@ bool backward(ddp_t d, Model& m, bool arena, uint64_t seed, int it, std::mt19937
 std::vector<char> all_bytes(ddp_t d, Model& m, bool arena) {
   std::vector<char> out;
   for (size_t g = 0; g < m.numel.size(); ++g) {
-    const char* p = static_cast<const char*>(grad_of(d, m, g, arena));
-    out.insert(out.end(), p, p + m.numel[g] * ref::dsize(m.dtype[g]));
+    const std::vector<char> host = read_grad(d, m, g, arena);
+    out.insert(out.end(), host.begin(), host.end());
   }
   return out;
 }
@@ -305,12 +327,12 @@ bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
     for (int b : batches) contributors += b > it;
     const double scale = 1.0 / (divide == DDP_UNEVEN_BY_WORLD ? g_world : contributors);
     for (size_t g = 0; g < m.numel.size(); ++g) {
-      const void* p = grad_of(d, m, g, l.arena);
+      const std::vector<char> host = read_grad(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
         const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], &batches);
         const double want = sum.want * scale, mag = sum.mag;
-        const double got = ref::load(p, i, m.dtype[g]);
-        if (!ref::close(got, want, mag * scale, m.dtype[g])) {
+        const double got = ref::load(host.data(), i, m.dtype[g]);
+        if (!close_reduced(got, want, mag * scale, m.dtype[g])) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
                  "] (dtype " + std::to_string(m.dtype[g]) + "): " + std::to_string(got) + ", want " +
                  std::to_string(want) + " (" + std::to_string(contributors) + " contributors)";
@@ -328,9 +350,9 @@ bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
   // A new epoch: every rank contributes again and averages divide by the world.
   if (!backward(d, m, l.arena, seed, 77, mine, why)) return false;
   for (size_t g = 0; g < m.numel.size(); ++g) {
-    const void* p = grad_of(d, m, g, l.arena);
+    const std::vector<char> host = read_grad(d, m, g, l.arena);
     const Sum sum = reference_sum(seed, 77, g, 0, m.dtype[g], nullptr);
-    if (!ref::close(ref::load(p, 0, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
+    if (!close_reduced(ref::load(host.data(), 0, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
       *why = "after ddp_join: grad " + std::to_string(g) + " is not the average over the world";
       return false;
     }
@@ -385,14 +407,29 @@ void test_join(uint64_t seed) {
 
 // --- the 16-bit wire -------------------------------------------------------------------------------
 
-bool compression_case(const Layout& l, int compression, uint64_t seed, uint64_t* bytes, std::string* why) {
+// A compressed wire under test (config.compression): its name, the bytes of one element on it, and
+// what one rounding to it costs: `unit` relative to the magnitudes summed, `tiny` absolute below its
+// normal range (fp16's subnormals: 2^-24; 0 where there is none in the values' range).
+struct Wire {
+  int mode;
+  const char* name;
+  size_t bytes;
+  double unit, tiny;
+};
+const Wire kWires[] = {
+    {DDP_COMPRESS_BF16, "bf16", 2, 1.0 / 256, 0.0},
+    {DDP_COMPRESS_FP16, "fp16", 2, 1.0 / 2048, 0x1p-24},
+};
+
+// `w`: the wire, or nullptr for none (each value then within ref::close of the reference).
+bool compression_case(const Layout& l, const Wire* w, uint64_t seed, uint64_t* bytes, std::string* why) {
   std::mt19937_64 shared(seed), mine(seed * 5 + static_cast<uint64_t>(g_rank));
   Model m = make_model(shared, true, shared() % 2 == 0);
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
   cfg.layout = l.arena;
   cfg.plan_order = l.plan;
   cfg.message_size = 1 + shared() % 200000;
-  cfg.compression = compression;
+  cfg.compression = w ? w->mode : DDP_COMPRESS_NONE;
   cfg.gradient_predivide_factor = shared() % 2 ? 1.0 : 3.0;
   cfg.timeout_ms = 30000;
   ddp_t d = nullptr;
@@ -400,24 +437,22 @@ bool compression_case(const Layout& l, int compression, uint64_t seed, uint64_t*
   const Closer closer{d};
   if (!register_model(d, m, l.arena, why)) return false;
   // The bound of the documentation: an input rounding, one per hop, one for the result (and the
-  // pre-division in 16-bit math), each relative 2^-8 (bf16) or 2^-11 (fp16) of the magnitudes summed.
-  const double u = compression == DDP_COMPRESS_BF16 ? 1.0 / 256 : 1.0 / 2048;
-  const double bound = (g_world + 3) * u;
-  // fp16 has subnormals below 2^-14: there its absolute step, 2^-24, is what a rounding costs (times
-  // the pre-division factor, up to 3, and the roundings counted above).
-  const double floor = compression == DDP_COMPRESS_FP16 ? (g_world + 3) * 3.0 * std::ldexp(1.0, -24) : 0.0;
+  // pre-division in 16-bit math), each `unit` of the magnitudes summed (2^-8 for bf16, 2^-11 for
+  // fp16); below the normal range each costs `tiny` (times the pre-division factor, up to 3).
+  const double bound = w ? (g_world + 3) * w->unit : 0.0;
+  const double floor = w ? (g_world + 3) * 3.0 * w->tiny : 0.0;
   for (int it = 0; it < 3; ++it) {
     if (!backward(d, m, l.arena, seed, it, mine, why)) return false;
     for (size_t g = 0; g < m.numel.size(); ++g) {
-      const void* p = grad_of(d, m, g, l.arena);
+      const std::vector<char> host = read_grad(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
         const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], nullptr);
         const double want = sum.want / g_world, mag = sum.mag / g_world;
-        const double got = ref::load(p, i, m.dtype[g]);
-        if (!(std::fabs(got - want) <= bound * mag + floor + 1e-30)) {
+        const double got = ref::load(host.data(), i, m.dtype[g]);
+        if (w ? !(std::fabs(got - want) <= bound * mag + floor + 1e-30) : !ref::close(got, want, mag, m.dtype[g])) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
-                 "]: " + std::to_string(got) + ", want " + std::to_string(want) + " within " +
-                 std::to_string(bound * mag + floor);
+                 "]: " + std::to_string(got) + ", want " + std::to_string(want) +
+                 (w ? " within " + std::to_string(bound * mag + floor) : std::string());
           return false;
         }
       }
@@ -435,19 +470,20 @@ void test_compression(uint64_t seed) {
   int n = 0;
   for (int arena = 0; arena < 2; ++arena)
     for (int plan = 0; plan < 2; ++plan)
-      for (int comp : {DDP_COMPRESS_BF16, DDP_COMPRESS_FP16}) {
+      for (const Wire& w : kWires) {
         std::string why;
         const uint64_t s = seed + static_cast<uint64_t>(++n) * 313;
         uint64_t packed = 0, plain = 0;
-        bool ok = compression_case(Layout{arena, plan}, comp, s, &packed, &why);
-        // The same model uncompressed: the wire carries twice the bytes for f32, four times for f64.
-        if (ok) ok = compression_case(Layout{arena, plan}, DDP_COMPRESS_NONE, s, &plain, &why);
-        if (ok && !(packed * 2 <= plain && packed * 4 >= plain)) {
+        bool ok = compression_case(Layout{arena, plan}, &w, s, &packed, &why);
+        // The same model uncompressed: the wire carries 4 / w.bytes times fewer bytes for f32, 8 /
+        // w.bytes for f64.
+        if (ok) ok = compression_case(Layout{arena, plan}, nullptr, s, &plain, &why);
+        if (ok && !(packed * 4 <= plain * w.bytes && packed * 8 >= plain * w.bytes)) {
           ok = false;
           why = "bytes reduced: " + std::to_string(packed) + " compressed, " + std::to_string(plain) + " not";
         }
-        record(std::string("compression: ") + (comp == DDP_COMPRESS_BF16 ? "bf16" : "fp16") +
-                   (arena ? " arena" : " copy") + (plan ? " registration" : " learned"),
+        record(std::string("compression: ") + w.name + (arena ? " arena" : " copy") +
+                   (plan ? " registration" : " learned"),
                ok, why);
       }
 }
@@ -727,11 +763,12 @@ bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
       return false;
     }
     for (size_t g = 0; g < m.numel.size(); ++g) {
-      const void* p = grad_of(d, m, g, l.arena);
+      const std::vector<char> host = read_grad(d, m, g, l.arena);
       for (size_t i = 0; i < m.numel[g]; ++i) {
         const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], nullptr);
-        // 16-bit grads: the hook gets them as the library would send them (fp32 on host comms).
-        if (!ref::close(ref::load(p, i, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
+        // 16-bit grads: the hook gets them as the library would send them (fp32 on host comms, their
+        // own type on NCCL).
+        if (!close_reduced(ref::load(host.data(), i, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
           *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + ": not the average";
           return false;
         }
@@ -762,16 +799,19 @@ void test_hooks(uint64_t seed) {
     ddp_t d = nullptr;
     HookLog log;
     log.fail_at = 1;
-    std::vector<float> a(20, 1.0f), b(20, 1.0f);
+    const GradBuf a = grad_buf(20 * sizeof(float)), b = grad_buf(20 * sizeof(float));
     int ia = 0, ib = 0;
     bool ok = ddp_create(g_comm, &cfg, &d) == DDP_SUCCESS && ddp_set_comm_hook(d, summing_hook, &log) == DDP_SUCCESS &&
-              ddp_register_grad(d, a.data(), a.size(), DDP_F32, 0, &ia) == DDP_SUCCESS &&
-              ddp_register_grad(d, b.data(), b.size(), DDP_F32, 0, &ib) == DDP_SUCCESS &&
-              ddp_begin_backward(d, nullptr) == DDP_SUCCESS && ddp_grad_ready(d, ib) == DDP_SUCCESS &&
-              ddp_grad_ready(d, ia) == DDP_SUCCESS;
+              ddp_register_grad(d, a.get(), 20, DDP_F32, 0, &ia) == DDP_SUCCESS &&
+              ddp_register_grad(d, b.get(), 20, DDP_F32, 0, &ib) == DDP_SUCCESS &&
+              ddp_begin_backward(d, nullptr) == DDP_SUCCESS && ddp_grad_ready(d, ib) == DDP_SUCCESS;
+    // Grad ia completes bucket 1, whose hook fails: on host memory in the bucket's worker; on GPUs on
+    // this thread, which launches the bucket, so ddp_grad_ready reports it first.
+    const char* failed = "comm hook returned 1 (invalid argument) for bucket 1";
     ok = ok &&
-         expect_status(ddp_finish_backward(d, nullptr), DDP_ERR_ABORTED,
-                       "comm hook returned 1 (invalid argument) for bucket 1", &why) &&
+         expect_status(ddp_grad_ready(d, ia), DDP_TEST_NCCL ? DDP_ERR_ABORTED : DDP_SUCCESS,
+                       DDP_TEST_NCCL ? failed : nullptr, &why) &&
+         expect_status(ddp_finish_backward(d, nullptr), DDP_ERR_ABORTED, failed, &why) &&
          expect_status(ddp_begin_backward(d, nullptr), DDP_ERR_ABORTED, "aborted", &why);
     ddp_destroy(d);
     record("hook: a failing hook fails the iteration and aborts the context", ok, why);
@@ -793,10 +833,17 @@ void test_hooks(uint64_t seed) {
                        "not a float ddp_dtype_t", &why) &&
          expect_status(ddp_comm_allreduce(nullptr, x, 3, DDP_F32, DDP_OP_SUM, nullptr), DDP_ERR_INVALID_ARGUMENT,
                        "NULL", &why);
-    // Outside a hook, on a host comm: an ordinary collective.
+    // Outside a hook, on a host comm: an ordinary collective; on a device comm refused (the caller
+    // reduces device memory with NCCL on a stream of its own).
     float y[3] = {1.0f * static_cast<float>(g_rank), 1, 2};
-    ok = ok && ddp_comm_allreduce(g_comm, y, 3, DDP_F32, DDP_OP_AVG, nullptr) == DDP_SUCCESS &&
-         y[0] == static_cast<float>(g_world - 1) / 2.0f && y[1] == 1.0f && y[2] == 2.0f;
+    if (DDP_TEST_NCCL) {
+      const GradBuf dy = grad_buf(sizeof y);
+      ok = ok && expect_status(ddp_comm_allreduce(g_comm, dy.get(), 3, DDP_F32, DDP_OP_AVG, nullptr),
+                               DDP_ERR_UNSUPPORTED, "outside a comm hook", &why);
+    } else {
+      ok = ok && ddp_comm_allreduce(g_comm, y, 3, DDP_F32, DDP_OP_AVG, nullptr) == DDP_SUCCESS &&
+           y[0] == static_cast<float>(g_world - 1) / 2.0f && y[1] == 1.0f && y[2] == 2.0f;
+    }
     if (!ok && why.empty()) why = std::string("ddp_comm_allreduce average: ") + ddp_last_error();
     record("hook: misuse refused; ddp_comm_allreduce outside a hook", ok, why);
   }
@@ -805,7 +852,7 @@ void test_hooks(uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* label = start(&argc, &argv, "mpi-features", "nccl-features");
+  const char* label = start(&argc, &argv, "mpi-features", "mpi-nccl-features");
   const uint64_t seed = shared_seed(argc, argv, 20261204);
   test_host_collectives(seed);
   test_join(seed + 1);
