@@ -53,11 +53,11 @@ step "7. compressed wires"; run 300 "$NP" "$bin" compressed "$out"
 # Training with each wire: the example trainer's final loss against the uncompressed run's.
 trainer=$(dirname "$bin")/../examples/mlp_trainer
 if [ -x "$trainer" ]; then
-  echo; echo "training (examples/mlp_trainer, $NP ranks, 60 steps, Adam): final loss per wire"
+  echo; echo "training (examples/mlp_trainer, $NP ranks, 60 steps, SGD): final loss per wire"
   echo; echo "| wire | first loss | final loss | over fp32's |"; echo "|---|---:|---:|---:|"
   base=""
   for c in none bf16 fp16 int8; do
-    line=$(timeout 300 env $MPIRUN "$NP" "$trainer" --steps 60 --optimizer adam --lr 0.002 --compression $c --quiet 2>&1 |
+    line=$(timeout 300 env $MPIRUN "$NP" "$trainer" --steps 60 --compression $c --quiet 2>&1 |
            sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\) over.*/\1 \2/p')
     [ -n "$line" ] || { echo "bench: the trainer with --compression $c failed"; fail=1; continue; }
     read -r first last <<<"$line"
