@@ -91,9 +91,14 @@ void json_head(FILE* f, const char* bench) {
   std::fprintf(f, "{\"bench\":\"%s\",\"world\":%d,\"loadavg\":\"%s\",\n", bench, g_world, load);
 }
 
+// MPI's world, or (BENCH_GLOO=tcp://HOST:PORT) the same ranks over Gloo: TCP, where the bytes on the
+// wire cost what they cost between hosts.
 ddp_comm_t world_comm() {
   ddp_comm_t c = nullptr;
-  check(ddp_comm_init_mpi(nullptr, &c), "ddp_comm_init_mpi");
+  if (const char* gloo = std::getenv("BENCH_GLOO"))
+    check(ddp_comm_init_gloo(gloo, g_rank, g_world, &c), "ddp_comm_init_gloo");
+  else
+    check(ddp_comm_init_mpi(nullptr, &c), "ddp_comm_init_mpi");
   return c;
 }
 
@@ -714,10 +719,11 @@ int bench_compressed() {
   std::string json;
   bool met = true;
   if (g_rank == 0)
-    std::printf("\n## 7. compressed wires: %d ranks, %zu f32 grads, %.1fM elements, message_size 10M\n\n"
-                "median of %d interleaved rounds, slowest rank\n\n| layout | wire | ms | bytes per rank | "
-                "over fp32 | target |\n|---|---|---:|---:|---:|---|\n",
-                g_world, sizes.size(), double(total) / 1e6, reps);
+    std::printf(
+        "\n## 7. compressed wires over %s: %d ranks, %zu f32 grads, %.1fM elements, message_size 10M\n\n"
+        "median of %d interleaved rounds, slowest rank\n\n| layout | wire | ms | bytes per rank | "
+        "over fp32 | target |\n|---|---|---:|---:|---:|---|\n",
+        std::getenv("BENCH_GLOO") ? "Gloo (TCP)" : "MPI", g_world, sizes.size(), double(total) / 1e6, reps);
   for (int layout : {DDP_LAYOUT_COPY, DDP_LAYOUT_ARENA}) {
     std::vector<Model> m;
     for (int mode : modes) {
@@ -738,7 +744,10 @@ int bench_compressed() {
       met = met && ok;
       if (g_rank == 0) {
         std::printf("| %s | %s | %.1f | %.1f MB | %.3f | %s |\n", lname, names[k], median(ms[k]), bytes / 1e6, ratio,
-                    targets[k] == 0.0 ? "" : (std::string(ok ? "met" : "MISSED") + " (<= " + std::to_string(targets[k]).substr(0, 4) + ")").c_str());
+                    targets[k] == 0.0
+                        ? ""
+                        : (std::string(ok ? "met" : "MISSED") + " (<= " + std::to_string(targets[k]).substr(0, 4) + ")")
+                              .c_str());
         json += std::string(json.empty() ? "" : ",") + "{\"layout\":\"" + lname + "\",\"wire\":\"" + names[k] +
                 "\",\"bytes\":" + std::to_string(bytes) + ",\"ms\":" + json_array(ms[k]) + "}";
       }
@@ -748,7 +757,7 @@ int bench_compressed() {
   ddp_comm_destroy(comm);
   if (g_rank == 0) {
     std::printf("\ntargets (16-bit <= 0.65x, int8 <= 0.45x the fp32 path, both layouts): %s\n", met ? "met" : "MISSED");
-    FILE* f = open_json("compressed");
+    FILE* f = open_json(std::getenv("BENCH_GLOO") ? "compressed_gloo" : "compressed");
     json_head(f, "compressed");
     std::fprintf(f, "\"grads\":%zu,\"numel\":%zu,\"runs\":[%s]}\n", sizes.size(), total, json.c_str());
     std::fclose(f);
@@ -765,7 +774,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (argc < 3) {
     if (g_rank == 0)
-      std::fprintf(stderr, "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded|compressed OUTDIR [copy|arena]\n");
+      std::fprintf(stderr,
+                   "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded|compressed OUTDIR [copy|arena]\n");
     MPI_Finalize();
     return 2;
   }

@@ -139,23 +139,40 @@ constexpr unsigned kInt8Block = 256;
 DDP_HD size_t int8_blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
 DDP_HD size_t int8_chunk_bytes(size_t n) { return (int8_blocks(n) * 4 + n + 7) / 8 * 8; }
 
+// Round to nearest even for |v| < 2^22 (floats) or 2^51 (doubles), by adding and taking away
+// 1.5 * 2^23 (2^52): plain arithmetic that vectorizes on every ISA (rint needs SSE4.1 to do so).
+DDP_HD float round_small(float v) { return (v + 12582912.0f) - 12582912.0f; }
+DDP_HD double round_small(double v) { return (v + 6755399441055744.0) - 6755399441055744.0; }
+
 // Quantizes one block of n <= kInt8Block elements with error feedback: y = x + residual is sent as
 // q * scale, q = round(y / scale) in -127..127, scale = max |y| / 127, and the residual becomes
 // y - q * scale (what this rank still owes). A block with a NaN or Inf (or an f64 magnitude past
 // the fp32 range) is sent with a NaN scale, so that it arrives as NaN everywhere, and its residual
-// is dropped.
+// is dropped. Branch-free loops over a block held in registers or L1, so that they vectorize.
 template <class T>
 DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, size_t n, float* scale, int8_t* q) {
   typedef typename T::math M;
-  M amax = 0;
-  bool finite = true;
-  for (size_t i = 0; i < n; ++i) {
-    const M y = T::load(x[i]) + static_cast<M>(residual[i]);
-    finite = finite && (y - y == M(0));
-    amax = fabs(y) > amax ? static_cast<M>(fabs(y)) : amax;
+  M y[kInt8Block];
+  // Per-lane maxima and poison (0, or NaN once some y is an Inf or a NaN: Inf * 0 is NaN), so that
+  // the reductions vectorize without reassociating anything; lanes are combined at the end.
+  const size_t L = 8;
+  M lane_max[L], lane_poison[L];
+  for (size_t k = 0; k < L; ++k) lane_max[k] = lane_poison[k] = M(0);
+  for (size_t i = 0; i < n; ++i) y[i] = T::load(x[i]) + static_cast<M>(residual[i]);
+  for (size_t i = n; i < (n + L - 1) / L * L; ++i) y[i] = M(0);
+  for (size_t i = 0; i < n; i += L)
+    for (size_t k = 0; k < L; ++k) {
+      const M v = y[i + k], a = v < M(0) ? -v : v;
+      lane_poison[k] += v * M(0);
+      lane_max[k] = a > lane_max[k] ? a : lane_max[k];
+    }
+  M amax = 0, poison = 0;
+  for (size_t k = 0; k < L; ++k) {
+    poison += lane_poison[k];
+    amax = lane_max[k] > amax ? lane_max[k] : amax;
   }
   const float s = static_cast<float>(amax / M(127));
-  if (!finite || s - s != 0.0f) {
+  if (poison != M(0) || s - s != 0.0f) {
     *scale = bits_f32(0x7fc00000u);  // a quiet NaN
     for (size_t i = 0; i < n; ++i) {
       q[i] = 0;
@@ -164,13 +181,13 @@ DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, s
     return;
   }
   *scale = s;
-  const M inv = s > 0.0f ? M(1) / static_cast<M>(s) : M(0);
+  const M step = static_cast<M>(s), inv = s > 0.0f ? M(1) / step : M(0);
   for (size_t i = 0; i < n; ++i) {
-    const M y = T::load(x[i]) + static_cast<M>(residual[i]);
-    M r = rint(y * inv);
-    r = r > M(127) ? M(127) : r < M(-127) ? M(-127) : r;
-    q[i] = static_cast<int8_t>(r);
-    residual[i] = static_cast<float>(y - r * static_cast<M>(s));
+    M r = round_small(y[i] * inv);
+    r = r > M(127) ? M(127) : r;
+    r = r < M(-127) ? M(-127) : r;
+    q[i] = static_cast<int8_t>(static_cast<int>(r));
+    residual[i] = static_cast<float>(y[i] - r * step);
   }
 }
 

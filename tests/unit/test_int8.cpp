@@ -152,8 +152,9 @@ TEST_CASE("int8: the dequantized sum adds every rank's term in rank order, in th
   host::int8_dequant_sum(all.data(), chunks[0].bytes.size(), world, n, Dtype::F32, out.data());
   for (size_t i = 0; i < n; ++i) {
     float want = 0.0f;
-    for (int r = 0; r < world; ++r) want = want + static_cast<float>(chunks[static_cast<size_t>(r)].q(i)) *
-                                                      chunks[static_cast<size_t>(r)].scale(i / 256);
+    for (int r = 0; r < world; ++r)
+      want = want +
+             static_cast<float>(chunks[static_cast<size_t>(r)].q(i)) * chunks[static_cast<size_t>(r)].scale(i / 256);
     REQUIRE(out[i] == want);  // bit for bit: the same order of fp32 additions
   }
 }
