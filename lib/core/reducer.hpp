@@ -1,7 +1,8 @@
 // The reducer: a plan brought to life. It owns the bucket buffers (per-stream staging for the copy
 // layout, the arena for the arena layout), counts ready grads into bucket slots, launches complete
 // buckets strictly in plan order (apex's next_bucket) onto stream i % num_streams, and runs each
-// bucket's pack -> collective -> unpack with the scaling folded in.
+// bucket's program (core/program.hpp: decided once per plan) step by step: in (pack or pre-scale),
+// the collective, out (unpack or post-scale, scan, accounting).
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 
 #include "core/backend.hpp"
 #include "core/plan.hpp"
+#include "core/program.hpp"
 #include "core/timeline.hpp"
 
 namespace ddp {
@@ -46,21 +48,9 @@ struct ReducerEnv {
   Device* device = nullptr;
   std::vector<Comm*> comms;      // one per stream
   std::vector<Stream*> streams;  // one per stream
-  int world = 1;
-  int rank = 0;
-  bool arena = false;
-  bool shard = false;  // arena only: reduce-scatter each bucket, keep a parameter arena (see ddp.h)
-  bool always_fp32 = false;
-  bool average = true;
-  double predivide = 1.0;
+  ProgramSettings program;       // what the bucket programs are compiled from
   bool check_finite = false;
-  size_t inplace_min_numel = 0;  // copy layout: grads at least this big are reduced in place (0: the
-                                 // library's choice: one piece on host comms, never on GPUs)
-  size_t piece_bytes = 0;        // host comms: bytes per collective piece (0: the comm's choice)
   int64_t timeout_ms = 0;
-  bool compress = false;  // f32/f64 buckets travel as compress_wire (16-bit)
-  Dtype compress_wire = Dtype::BF16;
-  bool int8 = false;  // f32/f64 buckets travel as int8 blocks with error feedback (an all-gather)
   std::function<void(const HookCall&)> hook;  // a comm hook instead of the collectives (none: empty)
   Counters* counters = nullptr;
   Timeline* timeline = nullptr;
@@ -132,20 +122,21 @@ class Reducer {
   uint64_t arena_bytes() const { return arena_bytes_; }
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
-  Dtype wire(int b) const;
+  Dtype wire(int b) const { return program_.buckets[static_cast<size_t>(b)].wire; }
+  const Program& program() const { return program_; }
   // Where stream `stream` stands: "iteration I, bucket b of n (stream s): " for its first launched
   // bucket that has not finished.
   std::string stuck(int stream) const;
 
  private:
-  struct BucketTask;
+  enum class Step { Whole, In, Collectives, Out };
+  struct StepTask;
   struct GatherTask;
   struct BucketRt;
-  enum class Phase { All, In, Collectives, Out };
-  // What a bucket's work touches: its runtime, its plan entry, its stream, the device, its comm.
+  // What a bucket's work touches: its program, its runtime, its stream, the device, its comm.
   struct Work {
+    const BucketProgram& p;
     BucketRt& r;
-    const Bucket& bk;
     Stream& s;
     Device& d;
     Comm& c;
@@ -156,50 +147,50 @@ class Reducer {
   void launch(int b);
   void launch_grouped(int first, int last);
   void launch_ready_in_order();
-  // A bucket's work in three phases: pack/pre-scale, the collectives, unpack/post-scale + accounting.
-  void stage_in(int b);
-  void collectives(int b, bool own_group);
-  void stage_out(int b);
-  // Host comms that cut pieces: the whole bucket piece by piece, every pass fused into the pieces.
-  void pipeline(int b);
+  void run_step(int b, Step step);
+  // A bucket's steps: in (pack or pre-scale), the collectives, out (unpack or post-scale, the scan,
+  // the accounting); pieces: the whole bucket piece by piece with every pass fused into the pieces.
+  void step_in(int b);
+  void step_collectives(int b, bool own_group);
+  void step_out(int b);
+  void pieces(int b);
   void reduce_in_place(int b, void* p, size_t n);
   void int8_allreduce(int b, void* buf, size_t n);
-  void alloc_int8(const std::vector<size_t>& gather_need, size_t residuals);
-  const void* direct_source(const BucketRt& r, Dtype dtype, Span sp, size_t* seg) const;
+  void alloc_int8();
+  void* buffer(int b) const;  // what the collective runs on: the staging range or the arena storage
+  const void* direct_source(const BucketProgram& p, const BucketRt& r, Span sp, size_t* seg) const;
   void scan(int b, const void* p, size_t n);
   void scan_packed(int b, Span span, size_t* cursor);
   void account(int b);
   void gather(int b, uint64_t epoch);
-  size_t padded_numel(const Bucket& bk) const;
   std::string where(int b) const;
   void set_zero(int g, bool zero);
-  void bucket_factors(BucketRt& r) const;
 
   ReducerEnv env_;
   const std::vector<GradSpec>& specs_;
+  std::vector<Capabilities> caps_;  // per stream's communicator
+  bool workers_ = false;            // host streams: a worker thread runs each task to completion
   Plan plan_;
+  Program program_;
   std::vector<std::unique_ptr<BucketRt>> rt_;
   std::vector<char> ready_;     // per grad, this iteration
   std::vector<char> zero_;      // per grad, as the tables have it
-  std::vector<void*> staging_;  // per stream (copy layout, and 16-bit arena buckets)
+  std::vector<void*> staging_;  // per stream (staged buckets)
   void* staging(int b) const;   // bucket b's range of its stream's staging buffer
   std::unique_ptr<BucketRt> make_bucket(size_t b, const std::vector<void*>& ptrs) const;
   uint64_t staging_bytes_ = 0;
-  char* arena_ = nullptr;   // arena layout: every bucket's storage, bucket after bucket
-  char* params_ = nullptr;  // sharded: the parameter arena, laid out as arena_
-  uint64_t gather_epoch_ = 0;
-  Deadline gather_deadline_;
-  uint64_t arena_bytes_ = 0;
+  char* arena_ = nullptr;      // arena layout: every bucket's storage, bucket after bucket
+  char* params_ = nullptr;     // sharded: the parameter arena, laid out as arena_
   float* residual_ = nullptr;  // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
   size_t residuals_ = 0;       // (host memory: the int8 wire runs on host devices only)
   std::vector<void*> gather_;  // int8 wire: per stream, the all-gather buffer of world chunks
   uint64_t int8_bytes_ = 0;
+  uint64_t gather_epoch_ = 0;
+  Deadline gather_deadline_;
+  uint64_t arena_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
   uint64_t iteration_ = 0;
-  bool can_group_ = false;  // several buckets' collectives can be issued as one group
-  Reduction red_;
-  double pre_ = 1.0, post_ = 1.0;
   int divisor_ = 1;
 };
 

@@ -103,10 +103,10 @@ struct Rig {
       env.streams.push_back(streams.back().get());
       env.comms.push_back(&comm);
     }
-    env.world = 2;
-    env.arena = arena;
-    env.predivide = predivide;
-    env.inplace_min_numel = inplace;
+    env.program.world = 2;
+    env.program.arena = arena;
+    env.program.predivide = predivide;
+    env.program.inplace_min_numel = inplace;
     env.check_finite = check_finite;
     env.counters = &counters;
     reducer.reset(new Reducer(env, specs));
@@ -214,13 +214,13 @@ namespace {
 
 // A host communicator (MPI-like): pieces of 100 elements, sums and scaled sums only. Records where
 // each collective reads and writes.
-struct Collective {
+struct RecordedCall {
   const void* send;
   void* recv;
   size_t n;
   Reduction red;
 };
-std::vector<Collective> g_calls;
+std::vector<RecordedCall> g_calls;
 
 class HostRecordingComm final : public Comm {
  public:
@@ -233,7 +233,7 @@ class HostRecordingComm final : public Comm {
   bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
   size_t piece_elems(Dtype, size_t) const override { return 100; }
   void allreduce(const void* send, void* recv, size_t n, Dtype, Reduction red, Stream&, Deadline) override {
-    g_calls.push_back(Collective{send, recv, n, red});
+    g_calls.push_back(RecordedCall{send, recv, n, red});
   }
   void broadcast(void*, size_t, int, void*, Deadline) override {}
   void allgather_host(const void*, void*, size_t, Deadline) override {}
@@ -259,10 +259,10 @@ struct HostRig {
     stream = device.make_stream(0);
     env.streams.push_back(stream.get());
     env.comms.push_back(&comm);
-    env.world = 2;
-    env.average = average;
-    env.predivide = predivide;
-    env.inplace_min_numel = inplace;
+    env.program.world = 2;
+    env.program.average = average;
+    env.program.predivide = predivide;
+    env.program.inplace_min_numel = inplace;
     env.counters = &counters;
     reducer.reset(new Reducer(env, specs));
     std::vector<void*> ptrs;
@@ -284,7 +284,7 @@ struct HostRig {
   }
   size_t total() const {
     size_t n = 0;
-    for (const Collective& c : g_calls) n += c.n;
+    for (const RecordedCall& c : g_calls) n += c.n;
     return n;
   }
 };
@@ -295,7 +295,7 @@ TEST_CASE("host comms: by default grads of at least a piece are reduced in place
   HostRig rig(0);
   CHECK(rig.total() == 550);
   size_t in_place = 0, packed = 0;
-  for (const Collective& c : g_calls) {
+  for (const RecordedCall& c : g_calls) {
     CHECK(c.n <= 100);
     const int g = rig.grad_at(c.recv);
     if (g >= 0) {
@@ -314,7 +314,7 @@ TEST_CASE("host comms: by default grads of at least a piece are reduced in place
 TEST_CASE("host comms: inplace_min_numel SIZE_MAX keeps every collective off the caller's grads") {
   HostRig rig(SIZE_MAX);
   CHECK(rig.total() == 550);
-  for (const Collective& c : g_calls) {
+  for (const RecordedCall& c : g_calls) {
     CHECK(rig.grad_at(c.send) == -1);
     CHECK(rig.grad_at(c.recv) == -1);
   }
@@ -324,7 +324,7 @@ TEST_CASE("host comms: with nothing in place, a piece inside one grad is sent fr
   HostRig rig(100000);
   CHECK(rig.total() == 550);
   int from_grad = 0;
-  for (const Collective& c : g_calls) {
+  for (const RecordedCall& c : g_calls) {
     CHECK(rig.grad_at(c.recv) == -1);
     if (rig.grad_at(c.send) >= 0) ++from_grad;
   }
@@ -338,7 +338,7 @@ TEST_CASE("host comms: the averaging factor rides on the collective, no scaling 
   for (size_t inplace : {size_t(0), SIZE_MAX}) {
     CAPTURE(inplace);
     HostRig rig(inplace);
-    for (const Collective& c : g_calls) {
+    for (const RecordedCall& c : g_calls) {
       CHECK(c.red.op == RedOp::SumScaled);
       CHECK(c.red.factor == 0.5);
     }
@@ -348,10 +348,10 @@ TEST_CASE("host comms: the averaging factor rides on the collective, no scaling 
     }
   }
   HostRig sum(0, false);
-  for (const Collective& c : g_calls) CHECK(c.red.op == RedOp::Sum);
+  for (const RecordedCall& c : g_calls) CHECK(c.red.op == RedOp::Sum);
   // Pre-division: the pre-scale stays a pass (in cache, per piece), the post factor (3 / 2) fused.
   HostRig pre(0, true, 3.0);
-  for (const Collective& c : g_calls) {
+  for (const RecordedCall& c : g_calls) {
     CHECK(c.red.op == RedOp::SumScaled);
     CHECK(c.red.factor == 1.5);
   }

@@ -1,0 +1,173 @@
+#include "core/program.hpp"
+
+#include <algorithm>
+
+#include "kernels/elementwise.h"
+
+namespace ddp {
+
+namespace {
+
+// Whether `f` is exactly a value of the 16-bit type `d`.
+bool exact_in(Dtype d, double f) {
+  const float x = static_cast<float>(f);
+  if (static_cast<double>(x) != f) return false;
+  const float y = d == Dtype::F16 ? elem::f16_to_f32(elem::f32_to_f16(x)) : elem::bf16_to_f32(elem::f32_to_bf16(x));
+  return y == x;
+}
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "allreduce";
+    case Collective::ReduceScatter: return "reduce-scatter";
+    case Collective::Hook: return "hook";
+    case Collective::Int8: return "int8";
+  }
+  return "?";
+}
+
+const char* op_name(RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return "sum";
+    case RedOp::Avg: return "avg";
+    case RedOp::PreMulSum: return "premulsum";
+    case RedOp::SumScaled: return "sumscaled";
+  }
+  return "?";
+}
+
+// Sharded buckets are padded to a multiple of world shards of a multiple of 256 bytes each, so that
+// every shard has the same size and an aligned start.
+size_t padded_numel(const ProgramSettings& s, const Bucket& bk) {
+  if (!s.shard) return bk.numel;
+  const size_t unit = static_cast<size_t>(s.world) * std::max<size_t>(1, 256 / dtype_size(bk.dtype));
+  return (bk.numel + unit - 1) / unit * unit;
+}
+
+// Scaling (apex): multiply by 1/f before the sum, by f/divisor after it (or not at all without
+// averaging). Fused into the collective where the engine can: ncclAvg, a pre-multiplied sum, or a sum
+// the engine scales itself (the host ring). A comm hook and the int8 wire only sum: both factors
+// stay passes of their own (folded into pack and unpack).
+void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, int divisor) {
+  b.red = Reduction{};
+  b.pre = 1.0 / s.predivide;
+  b.post = s.average ? s.predivide / divisor : 1.0;
+  if (b.collective == Collective::Hook || b.collective == Collective::Int8) return;
+  if (s.average && s.predivide == 1.0 && divisor == s.world && c.avg) {
+    b.red = Reduction{RedOp::Avg, 1.0};
+    b.post = 1.0;
+  } else if (b.pre != 1.0 && c.premulsum) {
+    // A premultiplied sum on a 16-bit wire multiplies by the factor in 16 bits: one that 16 bits
+    // cannot hold exactly (1/3) would bias every grad. Then it stays a pass in fp32 math, one
+    // rounding per element, as apex's pre-division is.
+    if (!is_16bit(b.wire) || exact_in(b.wire, b.pre)) {
+      b.red = Reduction{RedOp::PreMulSum, b.pre};
+      b.pre = 1.0;
+    }
+  } else if (b.post != 1.0 && c.sumscaled) {
+    b.red = Reduction{RedOp::SumScaled, b.post};
+    b.post = 1.0;
+  }
+}
+
+BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& specs, const ProgramSettings& s,
+                             const Capabilities& c, int divisor) {
+  BucketProgram b;
+  b.stream = bk.stream;
+  b.dtype = bk.dtype;
+  b.numel = bk.numel;
+  const bool wide = !is_16bit(bk.dtype);
+  b.wire = !wide && (s.always_fp32 || !c.wire[static_cast<int>(bk.dtype)]) ? Dtype::F32 : bk.dtype;
+  if (s.compress && wide) b.wire = s.compress_wire;  // every host comm sums 16 bits
+  b.collective = s.hook                ? Collective::Hook
+                 : (s.int8 && wide)    ? Collective::Int8
+                 : s.shard             ? Collective::ReduceScatter
+                                       : Collective::AllReduce;
+  b.staged = !s.arena || b.wire != bk.dtype;
+  b.padded = padded_numel(s, bk);
+  b.shard_n = s.shard ? b.padded / static_cast<size_t>(s.world) : 0;
+  // Sharded buckets go whole to the comm's reduce-scatter, which cuts its own pieces; a hook and the
+  // int8 wire take the whole bucket in one buffer.
+  const bool whole = s.shard || b.collective == Collective::Hook || b.collective == Collective::Int8;
+  b.piece = whole ? 0 : c.piece_elems[static_cast<int>(b.wire)];
+  // inplace_min_numel 0 is the library's choice: on host comms a grad of at least one piece goes in
+  // place (its pieces skip the pack and unpack passes: measured faster); elsewhere never.
+  const size_t inplace = s.inplace_min_numel ? s.inplace_min_numel : b.piece;
+  const bool may_direct = !s.arena && b.wire == bk.dtype && inplace > 0 && b.collective == Collective::AllReduce;
+  uint64_t direct_bytes = 0;
+  for (int g : bk.grads) {
+    const size_t n = specs[static_cast<size_t>(g)].numel;
+    b.direct.push_back(may_direct && n >= inplace);
+    if (b.direct.back())
+      direct_bytes += n * dtype_size(bk.dtype);
+    else
+      b.packed += n;
+  }
+  const size_t lo = s.shard ? static_cast<size_t>(s.rank) * b.shard_n : 0;
+  if (b.staged) {
+    // Sharded: the staging buffer holds the padded bucket (the reduce-scatter's chunks); only the
+    // shard's packed elements are scanned after.
+    b.stage_bytes = (s.shard ? b.padded : b.packed) * dtype_size(b.wire);
+    b.out = s.shard ? Span{std::min(b.packed, lo), std::min(b.packed, lo + b.shard_n)} : Span{0, b.packed};
+  } else {
+    b.out = s.shard ? Span{lo, lo + b.shard_n} : Span{0, b.numel};
+  }
+  if (b.collective == Collective::Int8) {
+    b.int8_chunk = elem::int8_chunk_bytes(b.numel);
+    b.wire_bytes = b.int8_chunk;
+  } else if (b.staged) {
+    b.wire_bytes = b.stage_bytes + direct_bytes;
+  } else {
+    b.wire_bytes = b.padded * dtype_size(bk.dtype);
+  }
+  scaling(b, s, c, divisor);
+  return b;
+}
+
+}  // namespace
+
+Capabilities Capabilities::of(const Comm& c, size_t piece_bytes, bool inline_streams) {
+  Capabilities k;
+  for (int d = 0; d < kNumDtypes; ++d) {
+    k.wire[d] = c.supports_wire(static_cast<Dtype>(d));
+    k.piece_elems[d] = c.piece_elems(static_cast<Dtype>(d), piece_bytes);
+  }
+  k.avg = c.supports(RedOp::Avg);
+  k.premulsum = c.supports(RedOp::PreMulSum);
+  k.sumscaled = c.supports(RedOp::SumScaled);
+  k.group = c.can_group() && inline_streams;
+  return k;
+}
+
+Program compile_program(const Plan& plan, const std::vector<GradSpec>& specs, const ProgramSettings& s,
+                        const std::vector<Capabilities>& caps, int divisor) {
+  Program p;
+  for (const Bucket& bk : plan.buckets)
+    p.buckets.push_back(compile_bucket(bk, specs, s, caps.at(static_cast<size_t>(bk.stream)), divisor));
+  // Grouping interleaves several buckets' steps on the launching thread: GPU streams only, and not
+  // around a hook, which the caller may make block.
+  p.group = !caps.empty() && caps[0].group && !s.hook;
+  return p;
+}
+
+void rescale_program(Program& p, const ProgramSettings& s, const std::vector<Capabilities>& caps, int divisor) {
+  for (BucketProgram& b : p.buckets) scaling(b, s, caps.at(static_cast<size_t>(b.stream)), divisor);
+}
+
+std::string describe(const Program& p) {
+  std::string out;
+  for (size_t i = 0; i < p.buckets.size(); ++i) {
+    const BucketProgram& b = p.buckets[i];
+    size_t direct = 0;
+    for (bool d : b.direct) direct += d ? 1 : 0;
+    out += format("b%zu s%d %s>%s %s %s n=%zu padded=%zu shard=%zu packed=%zu direct=%zu piece=%zu red=%s:%g pre=%g "
+                  "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s\n",
+                  i, b.stream, dtype_name(b.dtype), dtype_name(b.wire), b.staged ? "staged" : "in-place",
+                  collective_name(b.collective), b.numel, b.padded, b.shard_n, b.packed, direct, b.piece,
+                  op_name(b.red.op), b.red.factor, b.pre, b.post, b.out.lo, b.out.hi, b.stage_bytes,
+                  static_cast<unsigned long long>(b.wire_bytes), p.group ? " grouped" : "");
+  }
+  return out;
+}
+
+}  // namespace ddp
