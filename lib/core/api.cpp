@@ -417,11 +417,13 @@ ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) 
       b.world = h.comm->size();
       const HookCall* outer = t_hook;
       t_hook = &h;
+      t_last_error.clear();  // a hook that fails without a word must not borrow an older message
       const ddp_status_t st = hook(&b, user_data);
       t_hook = outer;
       if (st != DDP_SUCCESS)
         fail(st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_ABORTED, "comm hook returned %d (%s) for bucket %d: %s",
-             static_cast<int>(st), ddp_status_string(st), h.bucket, ddp_last_error());
+             static_cast<int>(st), ddp_status_string(st), h.bucket,
+             t_last_error.empty() ? "(the hook set no libddp error)" : t_last_error.c_str());
     });
   });
 }

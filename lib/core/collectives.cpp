@@ -13,7 +13,10 @@ namespace {
 
 std::string describe(int32_t kind, int32_t dtype, int32_t op, int32_t flag, uint64_t count) {
   switch (kind) {
-    case 1: return flag ? "a synced iteration (ddp_begin_backward or ddp_reduce_all)" : "ddp_join";
+    case 1:
+      return !flag     ? "ddp_join"
+             : op == 1 ? "a synced iteration of ddp_reduce_all"
+                       : "a synced iteration (ddp_begin_backward)";
     case 2:
       return format("ddp_allreduce_host(%llu elements of %s, %s)", static_cast<unsigned long long>(count),
                     host_dtype_name(dtype), op_name(op));
@@ -30,7 +33,8 @@ std::vector<Context::CallRecord> Context::exchange_call(const CallRecord& mine) 
   ctrl_->allgather_host(&mine, all.data(), sizeof(CallRecord), deadline());
   for (int r = 0; r < world_; ++r) {
     const CallRecord& o = all[static_cast<size_t>(r)];
-    const bool votes = o.kind == kVote && mine.kind == kVote;  // joined and contributing ranks agree
+    // Joined and contributing ranks agree; contributing ranks must run the same kind of iteration.
+    const bool votes = o.kind == kVote && mine.kind == kVote && (!o.flag || !mine.flag || o.op == mine.op);
     if (votes || (o.kind == mine.kind && o.dtype == mine.dtype && o.op == mine.op && o.count == mine.count &&
                   o.flag == mine.flag))
       continue;
@@ -41,20 +45,26 @@ std::vector<Context::CallRecord> Context::exchange_call(const CallRecord& mine) 
   return all;
 }
 
-int Context::vote(bool contributing) {
+int Context::vote(int32_t kind, int32_t* theirs) {
   CallRecord mine;
   mine.kind = kVote;
-  mine.flag = contributing ? 1 : 0;
+  mine.flag = kind == kShadow ? 0 : 1;
+  mine.op = kind;
   int n = 0;
-  for (const CallRecord& r : exchange_call(mine)) n += r.flag;
+  for (const CallRecord& r : exchange_call(mine)) {
+    n += r.flag;
+    if (r.flag && theirs) *theirs = r.op;
+  }
   if (n > 0 && cfg_.c.uneven_inputs == DDP_UNEVEN_BY_CONTRIBUTORS && n != reducer_->divisor()) reducer_->set_divisor(n);
   return n;
 }
 
 // One of the others' synced iterations, with every grad of this rank a zero contribution: the same
-// buckets, collectives and control exchanges as theirs (the learned plan's first pass included).
-void Context::shadow_iteration() {
-  learning_ = cfg_.learned() && !reducer_->plan().learned;
+// buckets, collectives and control exchanges as theirs (a backward pass: the learned plan's first
+// pass and the unused-grad report; ddp_reduce_all: neither).
+void Context::shadow_iteration(int32_t kind) {
+  const bool backward = kind == kBackwardPass;
+  learning_ = backward && cfg_.learned() && !reducer_->plan().learned;
   if (learning_) learner_.reset(specs_.size());
   reducer_->begin(nullptr, iterations_);
   counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
@@ -66,7 +76,7 @@ void Context::shadow_iteration() {
   reducer_->launch_rest();
   wait_buckets(nullptr);
   // The others' unused-grad report: this rank reports none (its grads are absent, not unused).
-  if (!cfg_.unused_zero()) (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline());
+  if (backward && !cfg_.unused_zero()) (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline());
   ++iterations_;
   shards_reduced(true);
 }
@@ -86,7 +96,8 @@ uint64_t Context::join() {
   fatal_on_error([&] {
     commit_locked();
     reducer_->clear_feedback();  // the int8 wire's owed errors are not sent: a joined rank sends zeros
-    while (vote(false) > 0) shadow_iteration();
+    int32_t theirs = kBackwardPass;
+    while (vote(kShadow, &theirs) > 0) shadow_iteration(theirs);
     if (reducer_->divisor() != world_) reducer_->set_divisor(world_);  // every rank contributes again
   });
   return iterations_;

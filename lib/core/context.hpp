@@ -101,10 +101,13 @@ class Context {
   };
   enum : int32_t { kVote = 1, kHostAllreduce = 2, kBarrier = 3 };
   std::vector<CallRecord> exchange_call(const CallRecord& mine);
-  // Uneven inputs: says whether this rank contributes to the synced iteration that starts, and
-  // returns how many ranks do (the averages' divisor follows).
-  int vote(bool contributing);
-  void shadow_iteration();
+  // Uneven inputs: says whether this rank contributes to the synced iteration that starts (and which
+  // kind: a backward pass or ddp_reduce_all; a joined rank says kShadow), and returns how many ranks
+  // contribute (the averages' divisor follows) and, in *kind, what they are running.
+  enum : int32_t { kBackwardPass = 0, kReduceAll = 1, kShadow = 2 };
+  int vote(int32_t kind, int32_t* theirs = nullptr);
+  // One of the others' synced iterations of `kind`, every grad of this rank a zero contribution.
+  void shadow_iteration(int32_t kind);
   // A reduction finished (or, with sync off, a backward pass only accumulated): what gathers may follow.
   void shards_reduced(bool synced);
 

@@ -13,7 +13,7 @@ void Context::begin_backward(void* stream) {
     fail(DDP_ERR_INVALID_STATE, "a backward pass is already in progress (call ddp_finish_backward first)");
   fatal_on_error([&] {
     commit_locked();
-    if (sync_ && cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(true);  // who contributes (ddp_join)
+    if (sync_ && cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kBackwardPass);  // who contributes (ddp_join)
   });
   iteration_synced_ = sync_;
   learning_ = sync_ && cfg_.learned() && !reducer_->plan().learned;
@@ -133,7 +133,7 @@ void Context::reduce_all(void* stream) {
   counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   fatal_on_error([&] {
     commit_locked();
-    if (cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(true);
+    if (cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kReduceAll);
     reducer_->begin(stream, iterations_);
     reducer_->launch_all();
     wait_buckets(stream);

@@ -79,10 +79,10 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
   const bool wide = !is_16bit(bk.dtype);
   b.wire = !wide && (s.always_fp32 || !c.wire[static_cast<int>(bk.dtype)]) ? Dtype::F32 : bk.dtype;
   if (s.compress && wide) b.wire = s.compress_wire;  // every host comm sums 16 bits
-  b.collective = s.hook                ? Collective::Hook
-                 : (s.int8 && wide)    ? Collective::Int8
-                 : s.shard             ? Collective::ReduceScatter
-                                       : Collective::AllReduce;
+  b.collective = s.hook             ? Collective::Hook
+                 : (s.int8 && wide) ? Collective::Int8
+                 : s.shard          ? Collective::ReduceScatter
+                                    : Collective::AllReduce;
   b.staged = !s.arena || b.wire != bk.dtype;
   b.padded = padded_numel(s, bk);
   b.shard_n = s.shard ? b.padded / static_cast<size_t>(s.world) : 0;
@@ -160,12 +160,13 @@ std::string describe(const Program& p) {
     const BucketProgram& b = p.buckets[i];
     size_t direct = 0;
     for (bool d : b.direct) direct += d ? 1 : 0;
-    out += format("b%zu s%d %s>%s %s %s n=%zu padded=%zu shard=%zu packed=%zu direct=%zu piece=%zu red=%s:%g pre=%g "
-                  "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s\n",
-                  i, b.stream, dtype_name(b.dtype), dtype_name(b.wire), b.staged ? "staged" : "in-place",
-                  collective_name(b.collective), b.numel, b.padded, b.shard_n, b.packed, direct, b.piece,
-                  op_name(b.red.op), b.red.factor, b.pre, b.post, b.out.lo, b.out.hi, b.stage_bytes,
-                  static_cast<unsigned long long>(b.wire_bytes), p.group ? " grouped" : "");
+    out += format(
+        "b%zu s%d %s>%s %s %s n=%zu padded=%zu shard=%zu packed=%zu direct=%zu piece=%zu red=%s:%g pre=%g "
+        "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s\n",
+        i, b.stream, dtype_name(b.dtype), dtype_name(b.wire), b.staged ? "staged" : "in-place",
+        collective_name(b.collective), b.numel, b.padded, b.shard_n, b.packed, direct, b.piece, op_name(b.red.op),
+        b.red.factor, b.pre, b.post, b.out.lo, b.out.hi, b.stage_bytes, static_cast<unsigned long long>(b.wire_bytes),
+        p.group ? " grouped" : "");
   }
   return out;
 }

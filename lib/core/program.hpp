@@ -51,18 +51,18 @@ struct BucketProgram {
   // the collective runs on the bucket's own arena storage, scaled in place.
   bool staged = false;
   Collective collective = Collective::AllReduce;
-  size_t numel = 0;        // the grads' elements
-  size_t padded = 0;       // with the shard padding (sharded), else numel
-  size_t shard_n = 0;      // per rank's shard (sharded), else 0
-  size_t packed = 0;       // staged: elements packed (the rest go in place, each its own collective)
-  std::vector<bool> direct;  // per slot: reduced in place, not packed (copy layout, large grads)
-  size_t piece = 0;          // host pieces: every pass fused per piece (0: the bucket whole)
-  Reduction red;             // what the collective fuses
+  size_t numel = 0;              // the grads' elements
+  size_t padded = 0;             // with the shard padding (sharded), else numel
+  size_t shard_n = 0;            // per rank's shard (sharded), else 0
+  size_t packed = 0;             // staged: elements packed (the rest go in place, each its own collective)
+  std::vector<bool> direct;      // per slot: reduced in place, not packed (copy layout, large grads)
+  size_t piece = 0;              // host pieces: every pass fused per piece (0: the bucket whole)
+  Reduction red;                 // what the collective fuses
   double pre = 1.0, post = 1.0;  // the scaling left as passes (folded into pack and unpack)
-  Span out;                  // the elements scaled (in place) or scanned after: the shard, or all
-  size_t stage_bytes = 0;    // staging this bucket needs (bytes)
-  size_t int8_chunk = 0;     // Int8: bytes of each rank's chunk
-  uint64_t wire_bytes = 0;   // bytes given to collectives per reduction (ddp_stats_t.bytes_reduced)
+  Span out;                      // the elements scaled (in place) or scanned after: the shard, or all
+  size_t stage_bytes = 0;        // staging this bucket needs (bytes)
+  size_t int8_chunk = 0;         // Int8: bytes of each rank's chunk
+  uint64_t wire_bytes = 0;       // bytes given to collectives per reduction (ddp_stats_t.bytes_reduced)
 };
 
 struct Program {

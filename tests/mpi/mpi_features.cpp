@@ -368,6 +368,44 @@ bool join_case(const Layout& l, int divide, uint64_t seed, std::string* why) {
   return true;
 }
 
+// The last rank joins at once; the others reduce twice with ddp_reduce_all (apex's Reducer), which
+// neither learns a plan nor reports unused grads: the joined rank must shadow exactly that.
+bool join_reduce_all_case(std::string* why) {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;  // the learned plan, unused grads an error
+  cfg.uneven_inputs = DDP_UNEVEN_BY_CONTRIBUTORS;
+  cfg.timeout_ms = 30000;
+  ddp_t d = nullptr;
+  EXPECT_OK(ddp_create(g_comm, &cfg, &d));
+  const Closer closer{d};
+  const size_t n = 300;
+  void* g = grad_alloc(n * sizeof(float));
+  int index = 0;
+  EXPECT_OK(ddp_register_grad(d, g, n, DDP_F32, 0, &index));
+  const bool joined = g_rank == g_world - 1;
+  const int contributors = g_world - 1;
+  for (int it = 0; it < 2 && !joined; ++it) {
+    std::vector<char> bytes(n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) ref::store(bytes.data(), i, DDP_F32, g_rank + 1 + it);
+    grad_write(g, bytes);
+    EXPECT_OK(ddp_reduce_all(d, nullptr));
+    const std::vector<char> got = grad_read(g, n * sizeof(float));
+    const double want = (contributors + 1) / 2.0 + it;  // the mean of r + 1 + it over the contributors
+    if (ref::load(got.data(), 7, DDP_F32) != want) {
+      *why = "ddp_reduce_all " + std::to_string(it) + ": " + std::to_string(ref::load(got.data(), 7, DDP_F32)) +
+             ", want " + std::to_string(want);
+      return false;
+    }
+  }
+  int64_t at = -1;
+  EXPECT_OK(ddp_join(d, &at));
+  grad_free(g);
+  if (at != (g_world > 1 ? 2 : 0)) {
+    *why = "ddp_join reported iteration " + std::to_string(at);
+    return false;
+  }
+  return true;
+}
+
 void test_join(uint64_t seed) {
   int n = 0;
   for (int arena = 0; arena < 2; ++arena)
@@ -379,6 +417,11 @@ void test_join(uint64_t seed) {
                    (divide == DDP_UNEVEN_BY_WORLD ? " by world" : " by contributors"),
                ok, why);
       }
+  {
+    std::string why;
+    record("join: a joined rank shadows the others' ddp_reduce_all (learned plan, unused grads an error)",
+           join_reduce_all_case(&why), why);
+  }
   // Misuse.
   std::string why;
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;

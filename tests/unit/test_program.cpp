@@ -88,10 +88,10 @@ void check_case(const Case& c) {
     if (wide && s.compress) wire = s.compress_wire;
     CHECK(b.wire == wire);
     CHECK(b.staged == (!c.arena || wire != bk.dtype));
-    const Collective want = c.hook ? Collective::Hook
+    const Collective want = c.hook             ? Collective::Hook
                             : (s.int8 && wide) ? Collective::Int8
-                            : c.shard ? Collective::ReduceScatter
-                                      : Collective::AllReduce;
+                            : c.shard          ? Collective::ReduceScatter
+                                               : Collective::AllReduce;
     CHECK(b.collective == want);
     // Pieces: host engines only, never for whole-bucket collectives.
     const bool whole = c.shard || c.hook || want == Collective::Int8;
@@ -164,7 +164,7 @@ TEST_CASE("program: every layout x shard x wire x backend x scaling against the 
                 for (double predivide : {1.0, 2.0, 3.0})
                   for (int world : {1, 3, 4})
                     for (int divisor : {world, world - 1}) {
-                      if (shard && !arena) continue;          // refused by ddp_create
+                      if (shard && !arena) continue;                 // refused by ddp_create
                       if (hook && (shard || compression)) continue;  // refused by ddp_set_comm_hook
                       if (compression == DDP_COMPRESS_INT8 && (nccl || shard)) continue;
                       if (divisor < 1) continue;
