@@ -26,6 +26,16 @@ class Task {
   virtual void run() = 0;
 };
 
+// Something that enqueues work on a stream and can fail asynchronously (an NCCL communicator).
+class AsyncErrorSource {
+ public:
+  virtual ~AsyncErrorSource() = default;
+  // Throws if the source has failed asynchronously (ncclCommGetAsyncError).
+  virtual void check_async() = 0;
+  // Work of this source on a stream did not complete by its deadline: it is stuck.
+  virtual void mark_stalled() = 0;
+};
+
 // An ordered queue of work, one per bucket stream.
 class Stream {
  public:
@@ -48,6 +58,10 @@ class Stream {
   virtual void set_stall_warning(int64_t ms, std::function<void()> warn) {}
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native() = 0;
+  // `src` just enqueued work on this stream that must complete by `dl`: the stream polls it for
+  // asynchronous errors and names it when the work is late (GPU streams; host streams run their
+  // collectives synchronously and need no watch).
+  virtual void watch(AsyncErrorSource* src, Deadline dl) {}
   // Rethrows (and clears) the first error a task raised, without waiting.
   virtual void poll_error() = 0;
   // Stops running queued tasks (after a fatal error): they are dropped as if finished.

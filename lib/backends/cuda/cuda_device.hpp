@@ -39,16 +39,6 @@ class DeviceGuard {
   int device_;
 };
 
-// Something that enqueues work on a CUDA stream and can fail asynchronously (an NCCL communicator).
-class AsyncErrorSource {
- public:
-  virtual ~AsyncErrorSource() = default;
-  // Throws if the source has failed asynchronously (ncclCommGetAsyncError).
-  virtual void check_async() = 0;
-  // Work of this source on a stream did not complete by its deadline: it is stuck.
-  virtual void mark_stalled() = 0;
-};
-
 // A bucket stream: a non-blocking CUDA stream. Tasks run on the submitting thread and only enqueue.
 class CudaStream final : public Stream {
  public:
@@ -71,8 +61,7 @@ class CudaStream final : public Stream {
   // because waits capture the event's state when they are enqueued).
   cudaEvent_t in_event() const { return in_event_; }
   cudaEvent_t out_event() const { return out_event_; }
-  // `src` just enqueued work on this stream that must complete by `dl`.
-  void watch(AsyncErrorSource* src, Deadline dl);
+  void watch(AsyncErrorSource* src, Deadline dl) override;
 
  private:
   // True when every enqueued operation has finished. Throws on a CUDA error, an asynchronous error

@@ -186,30 +186,30 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   }
 
   void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) override {
-    CudaStream& cs = collective_stream(s, d);
+    cudaStream_t cs = collective_stream(s, d);
     DeviceGuard g(device_);
-    DDP_NCCL_RUN(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs.stream()), comm_, dl);
+    DDP_NCCL_RUN(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
-    cs.watch(this, dl);
+    s.watch(this, dl);
   }
 
   // In place: this rank's chunk is its own part of the buffer (NCCL's in-place rule).
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream& s, Deadline dl) override {
-    CudaStream& cs = collective_stream(s, d);
+    cudaStream_t cs = collective_stream(s, d);
     DeviceGuard g(device_);
     void* mine = static_cast<char*>(buf) + static_cast<size_t>(rank_) * m * dtype_size(d);
-    DDP_NCCL_RUN(ncclReduceScatter(buf, mine, m, nccl_type(d), op_for(red, d), comm_, cs.stream()), comm_, dl);
+    DDP_NCCL_RUN(ncclReduceScatter(buf, mine, m, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
-    cs.watch(this, dl);
+    s.watch(this, dl);
   }
 
   void allgather(void* buf, size_t bytes, Stream& s, Deadline dl) override {
-    CudaStream& cs = collective_stream(s, Dtype::F32);
+    cudaStream_t cs = collective_stream(s, Dtype::F32);
     DeviceGuard g(device_);
     const void* mine = static_cast<const char*>(buf) + static_cast<size_t>(rank_) * bytes;
-    DDP_NCCL_RUN(ncclAllGather(mine, buf, bytes, ncclUint8, comm_, cs.stream()), comm_, dl);
+    DDP_NCCL_RUN(ncclAllGather(mine, buf, bytes, ncclUint8, comm_, cs), comm_, dl);
     in_group(dl);
-    cs.watch(this, dl);
+    s.watch(this, dl);
   }
 
   void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) override {
@@ -314,14 +314,15 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     t_group.members.push_back(GroupMember{comm_, dl});
   }
 
-  CudaStream& collective_stream(Stream& s, Dtype d) const {
+  // The CUDA stream under a bucket stream (the stream's own native handle: no type test).
+  cudaStream_t collective_stream(Stream& s, Dtype d) const {
     live();
-    CudaStream* cs = dynamic_cast<CudaStream*>(&s);
+    cudaStream_t cs = static_cast<cudaStream_t>(s.native());
     if (!cs) fail(DDP_ERR_INTERNAL, "NCCL comm: given a stream that is not a CUDA stream");
     if (!supports_wire(d))
       fail(DDP_ERR_UNSUPPORTED, "NCCL %d.%d has no %s arithmetic (2.10 or later has)", api().version / 10000,
            api().version / 100 % 100, dtype_name(d));
-    return *cs;
+    return cs;
   }
 
   void live() const {
