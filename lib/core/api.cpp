@@ -9,6 +9,7 @@
 
 #include "ddp.h"
 #include "core/handles.hpp"
+#include "core/knobs.hpp"
 #include "core/comms.hpp"
 #include "core/log.hpp"
 
@@ -145,15 +146,7 @@ ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id) {
 namespace {
 // The bound of the NCCL creation calls without a timeout argument: DDP_INIT_TIMEOUT_MS, else the
 // default collective timeout.
-int64_t default_init_timeout_ms() {
-  const char* v = std::getenv("DDP_INIT_TIMEOUT_MS");
-  if (!v || !*v) return 300000;
-  char* end = nullptr;
-  long long ms = std::strtoll(v, &end, 10);
-  if (*end || ms < 0)
-    fail(DDP_ERR_INVALID_ARGUMENT, "DDP_INIT_TIMEOUT_MS is '%s': give milliseconds, 0 for no bound", v);
-  return ms;
-}
+int64_t default_init_timeout_ms() { return knobs::init_timeout_ms(); }
 
 void check_init_timeout(int64_t timeout_ms) {
   if (timeout_ms < 0)

@@ -5,6 +5,7 @@
 // names. Appending a field to ddp_config_t means appending its row to config_fields.def (a
 // static_assert below fails until it is there).
 #include "core/config.hpp"
+#include "core/knobs.hpp"
 #include "core/config_fields.def"  // DDP_CONFIG_FIELDS: the table
 
 #include <cmath>
@@ -168,8 +169,8 @@ Settings read_config(const ddp_config_t* config) {
   check_combination(s.c);
   if (s.c.timeline_path && s.c.timeline_path[0]) {
     s.timeline_path = s.c.timeline_path;
-  } else if (const char* env = std::getenv("DDP_TIMELINE")) {
-    s.timeline_path = env;
+  } else {
+    s.timeline_path = knobs::text("DDP_TIMELINE");
   }
   s.c.timeline_path = nullptr;  // borrowed for the call only: the copy above is what lasts
   return s;

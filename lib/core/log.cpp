@@ -1,5 +1,7 @@
 #include "core/log.hpp"
 
+#include "core/knobs.hpp"
+
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
@@ -21,9 +23,8 @@ struct DebugSetting {
 const DebugSetting& debug_setting() {
   static const DebugSetting s = [] {
     DebugSetting d;
-    const char* v = std::getenv("DDP_DEBUG");
-    d.known = parse_debug_level(v, &d.level);
-    if (v) d.value = v;
+    d.value = knobs::text("DDP_DEBUG");
+    d.known = parse_debug_level(d.value.c_str(), &d.level);
     return d;
   }();
   return s;
@@ -97,13 +98,6 @@ void log(ddp_log_level_t level, const char* fmt, ...) {
   std::fflush(stderr);
 }
 
-uint64_t log_summary_every() {
-  static const uint64_t every = [] {
-    const char* v = std::getenv("DDP_DEBUG_EVERY");
-    long long n = v ? std::atoll(v) : 0;
-    return n > 0 ? static_cast<uint64_t>(n) : uint64_t(100);
-  }();
-  return every;
-}
+uint64_t log_summary_every() { return knobs::debug_every(); }
 
 }  // namespace ddp

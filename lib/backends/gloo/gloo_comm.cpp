@@ -7,6 +7,7 @@
 // connection closes (its process died) fails the waits on it at once, naming the rank. A Gloo
 // context that failed cannot be used again: the context is aborted, as after an MPI timeout.
 #include "core/comms.hpp"
+#include "core/knobs.hpp"
 
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
@@ -334,7 +335,7 @@ std::map<std::string, std::shared_ptr<WorldSlot>> g_worlds;
 
 std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl) {
   // The same world whether its method or rank is named or left to the defaults and the environment.
-  auto env = [](const char* k) { return std::string(std::getenv(k) ? std::getenv(k) : ""); };
+  auto env = [](const char* k) { return knobs::text(k); };
   const std::string name = (init_method && *init_method ? init_method : "env://") + std::string("|") +
                            (rank >= 0 ? std::to_string(rank) : env("RANK")) + "|" +
                            (size >= 0 ? std::to_string(size) : env("WORLD_SIZE"));
@@ -351,8 +352,8 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
   w->rv = open_rendezvous(init_method, rank, size, dl);
   w->init_timeout_ms = timeout_ms;
   gloo::transport::tcp::attr attr;
-  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-  if (iface && *iface)
+  const std::string iface = knobs::text("GLOO_SOCKET_IFNAME");
+  if (!iface.empty())
     attr.iface = iface;
   else
     attr.hostname = w->rv.host;  // the interface that reaches rank 0 (empty: the host's name)

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "backends/host/host_kernels.hpp"
+#include "core/knobs.hpp"
 #include "kernels/kernel_bodies.h"
 
 namespace ddp {
@@ -69,11 +70,7 @@ void keep_until_exit(std::shared_ptr<void> p) {
   kept->push_back(std::move(p));
 }
 
-size_t piece_bytes() {
-  const char* v = std::getenv("DDP_HOST_PIECE_BYTES");
-  long long b = v ? std::atoll(v) : 0;
-  return b > 0 ? static_cast<size_t>(b) : size_t(4) << 20;
-}
+size_t piece_bytes() { return knobs::host_piece_bytes(); }
 
 }  // namespace host
 

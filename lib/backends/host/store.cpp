@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backends/host/tcp.hpp"
+#include "core/knobs.hpp"
 
 namespace ddp {
 
@@ -255,11 +256,7 @@ void split_host_port(const std::string& hp, std::string* host, int* port) {
 
 }  // namespace
 
-int env_store_port(int master_port) {
-  const char* p = std::getenv("DDP_STORE_PORT");
-  if (p && *p) return parse_int(p, "DDP_STORE_PORT", "");
-  return master_port + 1;
-}
+int env_store_port(int master_port) { return knobs::store_port(master_port); }
 
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl) {
   std::string m = init_method && *init_method ? init_method : "env://";

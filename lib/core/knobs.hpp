@@ -1,0 +1,36 @@
+// Every environment variable the library reads, in one table, parsed in one place. Numbers are read
+// strictly (the whole value, in range); a bad value is warned about once, through the log, naming the
+// variable, what it accepts and the default used instead. The exceptions are the values a failing call
+// reports itself, because using a default would hide a mistake that decides where ranks meet or how
+// long they wait: DDP_STORE_PORT and DDP_INIT_TIMEOUT_MS answer DDP_ERR_INVALID_ARGUMENT.
+// (torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are the env:// rendezvous's arguments,
+// read and checked by it: lib/backends/host/store.cpp.)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp {
+namespace knobs {
+
+// DDP_HOST_PIECE_BYTES: host comms' bytes per collective piece (4096 .. 2^40; default 4 MiB).
+size_t host_piece_bytes();
+// DDP_DEBUG_EVERY: with DDP_DEBUG=INFO, a summary every this many iterations (1 .. 2^62; default 100).
+uint64_t debug_every();
+// DDP_INIT_TIMEOUT_MS: the bound of communicator creation (0 .. 2^62 ms, 0 none; default 300000).
+int64_t init_timeout_ms();
+// DDP_STORE_PORT: the env:// store's port (1 .. 65535); default `master_port` + 1.
+int store_port(int master_port);
+// DDP_DEBUG (read by core/log.cpp, which knows its words), DDP_TIMELINE, GLOO_SOCKET_IFNAME: text, or
+// "" when unset.
+std::string text(const char* name);
+
+// The strict reading of one integer knob, for the functions above and their tests: true with *out
+// set when `value` is a whole decimal integer within [lo, hi]; false otherwise (unset: `value` NULL
+// or "", *out untouched).
+bool parse_integer(const char* value, int64_t lo, int64_t hi, int64_t* out);
+// "NAME='value' is not an integer in LO..HI; using DEFAULT": the warning for a bad value.
+std::string bad_value_message(const char* name, const char* value, int64_t lo, int64_t hi, int64_t fallback);
+
+}  // namespace knobs
+}  // namespace ddp
