@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/common.hpp"
+#include "core/inspector.hpp"
 
 namespace ddp {
 
@@ -155,40 +156,6 @@ enum class RedOp { Sum, Avg, PreMulSum, SumScaled };
 struct Reduction {
   RedOp op = RedOp::Sum;
   double factor = 1.0;
-};
-
-// Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, and its
-// buckets of that iteration. Fixed size, so that ranks can send it to each other as bytes.
-enum class Call : int32_t {
-  Idle = 0,
-  Commit,
-  Backward,
-  Finish,
-  ReduceAll,
-  Broadcast,
-  Destroyed,
-  WaitParams,
-  ShardNorm,
-  Join,
-  HostAllreduce,
-  Barrier
-};
-struct Position {
-  int64_t iteration = -1;  // -1: the rank did not answer
-  int32_t call = 0;
-  int32_t launched = 0, done = 0, buckets = 0;
-};
-static_assert(sizeof(Position) == 24, "Position travels as 24 bytes");
-
-// Asks every rank of a communicator where it stands, never blocking on one that does not answer.
-// Made collectively (Comm::make_prober); each rank's prober answers the others in the background,
-// from `mine`, until it is destroyed.
-class Prober {
- public:
-  virtual ~Prober() = default;
-  // Every rank's position, this rank's included; a rank without an answer within wait_ms has
-  // iteration -1.
-  virtual std::vector<Position> ask(int64_t wait_ms) = 0;
 };
 
 class Comm {

@@ -67,7 +67,7 @@ void Context::shadow_iteration(int32_t kind) {
   learning_ = backward && cfg_.learned() && !reducer_->plan().learned;
   if (learning_) learner_.reset(specs_.size());
   reducer_->begin(nullptr, iterations_);
-  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   if (learning_) {
     learning_ = false;
     learn_plan();

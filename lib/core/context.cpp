@@ -1,7 +1,7 @@
 #include "core/context.hpp"
 
 // The context's life cycle, registration, and the collectives outside a backward pass. The backward
-// pass itself is in iteration.cpp, the read-only queries in inspect.cpp.
+// pass itself is in iteration.cpp, the read-only queries in stats.cpp, the stall inspector in inspector.cpp.
 #include <algorithm>
 #include <cstring>
 
@@ -149,7 +149,8 @@ void Context::commit_locked() {
     env.check_finite = (cfg_.c.check_finite != 0);
     env.timeout_ms = cfg_.c.timeout_ms;
     env.hook = hook_;
-    env.counters = &counters_;
+    env.stats = &stats_;
+    env.progress = &progress_;
     env.timeline = timeline_.get();
     reducer_.reset(new Reducer(env, specs_));
     reducer_->adopt(registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams), user_ptrs_);

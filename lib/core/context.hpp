@@ -74,15 +74,15 @@ class Context {
   Position position() const;
   std::string picture(int64_t wait_ms);
   void stall_warning(int stream);
-  void set_call(Call c) { counters_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
+  void set_call(Call c) { progress_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
   // Sets the call a rank reports itself in for a scope; restores `after` (default: the one before).
   class CallScope {
    public:
-    CallScope(Context* c, Call now) : c_(c), after_(c->counters_.call.load(std::memory_order_relaxed)) {
+    CallScope(Context* c, Call now) : c_(c), after_(c->progress_.call.load(std::memory_order_relaxed)) {
       c_->set_call(now);
     }
     CallScope(Context* c, Call now, Call after) : CallScope(c, now) { after_ = static_cast<int32_t>(after); }
-    ~CallScope() { c_->counters_.call.store(after_, std::memory_order_relaxed); }
+    ~CallScope() { c_->progress_.call.store(after_, std::memory_order_relaxed); }
 
    private:
     Context* c_;
@@ -120,7 +120,8 @@ class Context {
   std::unique_ptr<Device> device_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::unique_ptr<Timeline> timeline_;
-  Counters counters_;
+  Stats stats_;        // ddp_get_stats's counters
+  Progress progress_;  // where this rank stands, for the stall inspector
   std::vector<GradSpec> specs_;
   std::vector<void*> user_ptrs_;
   size_t total_numel_ = 0;

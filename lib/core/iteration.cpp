@@ -22,7 +22,7 @@ void Context::begin_backward(void* stream) {
   user_stream_ = stream;
   begin_ns_ = now_ns();
   state_ = State::InBackward;
-  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   set_call(Call::Backward);
 }
 
@@ -130,7 +130,7 @@ void Context::reduce_all(void* stream) {
   check_alive();
   if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   CallScope scope(this, Call::ReduceAll, Call::Idle);
-  counters_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   fatal_on_error([&] {
     commit_locked();
     if (cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kReduceAll);

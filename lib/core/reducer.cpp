@@ -288,9 +288,9 @@ void Reducer::begin(void* user_stream, uint64_t iteration) {
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& r : rt_) r->ready = 0;
   next_ = 0;
-  env_.counters->launched.store(0, std::memory_order_relaxed);
-  env_.counters->done.store(0, std::memory_order_relaxed);
-  env_.counters->buckets.store(static_cast<int32_t>(rt_.size()), std::memory_order_relaxed);
+  env_.progress->launched.store(0, std::memory_order_relaxed);
+  env_.progress->done.store(0, std::memory_order_relaxed);
+  env_.progress->buckets.store(static_cast<int32_t>(rt_.size()), std::memory_order_relaxed);
   user_stream_ = user_stream;
   iteration_ = iteration;
 }
@@ -341,7 +341,7 @@ void Reducer::launch_ready_in_order() {
   while (next_ < nb && rt_[static_cast<size_t>(next_)]->ready == rt_[static_cast<size_t>(next_)]->size) ++next_;
   // Buckets that become ready together go to NCCL as one group (ncclGroupStart/End): one launch of
   // all their collectives. Host streams run each bucket whole on its worker instead.
-  env_.counters->launched.store(next_, std::memory_order_relaxed);
+  env_.progress->launched.store(next_, std::memory_order_relaxed);
   if (next_ - first >= 2 && program_.group) {
     launch_grouped(first, next_);
     return;
@@ -486,9 +486,9 @@ void Reducer::account(int b) {
   BucketRt& r = *rt_[static_cast<size_t>(b)];
   const BucketProgram& p = program_.buckets[static_cast<size_t>(b)];
   const uint64_t t1 = now_ns();
-  Counters& k = *env_.counters;
+  Stats& k = *env_.stats;
   k.buckets_reduced.fetch_add(1, std::memory_order_relaxed);
-  k.done.fetch_add(1, std::memory_order_relaxed);
+  env_.progress->done.fetch_add(1, std::memory_order_relaxed);
   k.bytes_reduced.fetch_add(p.wire_bytes, std::memory_order_relaxed);
   if (workers_) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
   if (env_.timeline)
@@ -589,7 +589,7 @@ void Reducer::finish(void* user_stream, Deadline dl) {
   if (!env_.check_finite) return;
   for (int b = 0; b < next_; ++b)
     if (env_.device->take_nonfinite(static_cast<size_t>(b), stream_of(b)))
-      env_.counters->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
+      env_.stats->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Where stream `si` stands: its first launched bucket that has not finished (a task that timed out

@@ -18,16 +18,12 @@
 
 namespace ddp {
 
-// Counters shared by the reducer's tasks (worker threads) and the context.
-struct Counters {
+// The counters behind ddp_get_stats, added to by the reducer's tasks (worker threads).
+struct Stats {
   std::atomic<uint64_t> buckets_reduced{0};
   std::atomic<uint64_t> bytes_reduced{0};
   std::atomic<uint64_t> comm_time_ns{0};
   std::atomic<uint64_t> nonfinite_buckets{0};
-  // Progress of the iteration in progress, read by the stall inspector from another thread.
-  std::atomic<int64_t> iteration{0};
-  std::atomic<int32_t> call{0};  // Call
-  std::atomic<int32_t> launched{0}, done{0}, buckets{0};
 };
 
 // A comm hook's call: bucket `bucket`'s buffer of `count` elements of `dtype`, to be summed across the
@@ -52,7 +48,8 @@ struct ReducerEnv {
   bool check_finite = false;
   int64_t timeout_ms = 0;
   std::function<void(const HookCall&)> hook;  // a comm hook instead of the collectives (none: empty)
-  Counters* counters = nullptr;
+  Stats* stats = nullptr;
+  Progress* progress = nullptr;
   Timeline* timeline = nullptr;
 };
 

@@ -88,7 +88,8 @@ struct Rig {
   RecordingComm comm;
   RecordingDevice device;
   std::vector<std::unique_ptr<Stream>> streams;
-  Counters counters;
+  Stats counters;
+  Progress progress;
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
   std::unique_ptr<Reducer> reducer;
@@ -108,7 +109,8 @@ struct Rig {
     env.program.predivide = predivide;
     env.program.inplace_min_numel = inplace;
     env.check_finite = check_finite;
-    env.counters = &counters;
+    env.stats = &counters;
+    env.progress = &progress;
     reducer.reset(new Reducer(env, specs));
     std::vector<void*> ptrs;
     for (auto& b : bufs) ptrs.push_back(arena ? nullptr : b.data());
@@ -245,7 +247,8 @@ struct HostRig {
   HostRecordingComm comm;
   RecordingDevice device;
   std::unique_ptr<Stream> stream;
-  Counters counters;
+  Stats counters;
+  Progress progress;
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
   std::unique_ptr<Reducer> reducer;
@@ -263,7 +266,8 @@ struct HostRig {
     env.program.average = average;
     env.program.predivide = predivide;
     env.program.inplace_min_numel = inplace;
-    env.counters = &counters;
+    env.stats = &counters;
+    env.progress = &progress;
     reducer.reset(new Reducer(env, specs));
     std::vector<void*> ptrs;
     for (auto& b : bufs) ptrs.push_back(b.data());

@@ -1,6 +1,6 @@
-// The stall inspector's side of the context: this rank's position, the picture of every rank's
-// (gathered by the communicator's prober, which never waits on a rank that does not answer), the
-// stall warning, and the plan and summaries DDP_DEBUG=INFO asks for.
+// The stall inspector (its vocabulary: core/inspector.hpp): this rank's position, the picture of every
+// rank's (gathered by the communicator's prober, which never waits on a rank that does not answer),
+// the stall warning, and the plan and summaries DDP_DEBUG=INFO asks for.
 #include "core/context.hpp"
 #include "core/log.hpp"
 
@@ -42,11 +42,11 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 Position Context::position() const {
   Position p;
-  p.iteration = counters_.iteration.load(std::memory_order_relaxed);
-  p.call = counters_.call.load(std::memory_order_relaxed);
-  p.launched = counters_.launched.load(std::memory_order_relaxed);
-  p.done = counters_.done.load(std::memory_order_relaxed);
-  p.buckets = counters_.buckets.load(std::memory_order_relaxed);
+  p.iteration = progress_.iteration.load(std::memory_order_relaxed);
+  p.call = progress_.call.load(std::memory_order_relaxed);
+  p.launched = progress_.launched.load(std::memory_order_relaxed);
+  p.done = progress_.done.load(std::memory_order_relaxed);
+  p.buckets = progress_.buckets.load(std::memory_order_relaxed);
   return p;
 }
 
@@ -82,7 +82,7 @@ std::string Context::picture(int64_t wait_ms) {
 void Context::stall_warning(int stream) {
   if (timeline_) timeline_->flush();  // a hang is often ended by a kill: its iteration so far goes to disk
   if (!log_enabled(DDP_LOG_WARN)) return;
-  const int64_t it = counters_.iteration.load(std::memory_order_relaxed);
+  const int64_t it = progress_.iteration.load(std::memory_order_relaxed);
   if (warned_iteration_ == it) return;
   warned_iteration_ = it;
   const std::string where = reducer_ ? reducer_->stuck(stream) : format("stream %d: ", stream);
@@ -116,7 +116,7 @@ void Context::log_summary() {
       "rank %d: iteration %llu: %llu buckets and %.1f MB reduced so far; exposed communication %.2f ms in the last "
       "iteration, %.2f ms per iteration on average",
       rank_, static_cast<unsigned long long>(iterations_),
-      static_cast<unsigned long long>(counters_.buckets_reduced.load()), counters_.bytes_reduced.load() / 1e6,
+      static_cast<unsigned long long>(stats_.buckets_reduced.load()), stats_.bytes_reduced.load() / 1e6,
       last_exposed_ns_ / 1e6, iterations_ ? exposed_ns_ / 1e6 / static_cast<double>(iterations_) : 0.0);
 }
 

@@ -1,4 +1,4 @@
-// What a context tells about itself: counters, the plan and its buckets.
+// What a context tells about itself: its statistics (ddp_get_stats), the plan and its buckets.
 #include <cstring>
 
 #include "core/context.hpp"
@@ -39,15 +39,15 @@ void Context::stats(ddp_stats_t* out) {
   std::memset(&s, 0, sizeof s);
   s.size = sizeof s;
   s.iterations = iterations_;
-  s.buckets_reduced = counters_.buckets_reduced.load();
-  s.bytes_reduced = counters_.bytes_reduced.load();
-  s.comm_time_ns = counters_.comm_time_ns.load();
+  s.buckets_reduced = stats_.buckets_reduced.load();
+  s.bytes_reduced = stats_.bytes_reduced.load();
+  s.comm_time_ns = stats_.comm_time_ns.load();
   s.exposed_time_ns = exposed_ns_;
   s.last_exposed_ns = last_exposed_ns_;
   s.library_bytes = reducer_ ? reducer_->buffer_bytes() : 0;
   for (const Comm* c : comms_) s.library_bytes += c->buffer_bytes();
   s.arena_bytes = reducer_ ? reducer_->arena_bytes() : 0;
-  s.nonfinite_buckets = counters_.nonfinite_buckets.load();
+  s.nonfinite_buckets = stats_.nonfinite_buckets.load();
   s.layout_epoch = layout_epoch_;
   s.world_size = world_;
   s.rank = rank_;

@@ -1,0 +1,57 @@
+// The stall inspector's vocabulary: where a rank stands (its iteration, the call it is in, its
+// buckets), kept as it changes (Progress) and exchanged between ranks (Position, through a Prober
+// each communicator provides). The inspector itself, which turns positions into the messages of a
+// stall warning or a timeout, is lib/core/inspector.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace ddp {
+
+// Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, and its
+// buckets of that iteration. Fixed size, so that ranks can send it to each other as bytes.
+enum class Call : int32_t {
+  Idle = 0,
+  Commit,
+  Backward,
+  Finish,
+  ReduceAll,
+  Broadcast,
+  Destroyed,
+  WaitParams,
+  ShardNorm,
+  Join,
+  HostAllreduce,
+  Barrier
+};
+struct Position {
+  int64_t iteration = -1;  // -1: the rank did not answer
+  int32_t call = 0;
+  int32_t launched = 0, done = 0, buckets = 0;
+};
+static_assert(sizeof(Position) == 24, "Position travels as 24 bytes");
+
+// Asks every rank of a communicator where it stands, never blocking on one that does not answer.
+// Made collectively (Comm::make_prober); each rank's prober answers the others in the background,
+// from `mine`, until it is destroyed.
+class Prober {
+ public:
+  virtual ~Prober() = default;
+  // Every rank's position, this rank's included; a rank without an answer within wait_ms has
+  // iteration -1.
+  virtual std::vector<Position> ask(int64_t wait_ms) = 0;
+};
+
+// This rank's progress, written by the context and the reducer's tasks (worker threads) and read by
+// the prober's thread whenever another rank asks: atomics, no lock.
+struct Progress {
+  std::atomic<int64_t> iteration{0};
+  std::atomic<int32_t> call{0};  // Call
+  std::atomic<int32_t> launched{0}, done{0}, buckets{0};
+};
+
+}  // namespace ddp
