@@ -10,6 +10,8 @@
 ##   uninstall       removes exactly what install put there (give the same PREFIX, LIBDIR, DESTDIR)
 ##   clean           removes $(BUILD)
 ##   format          clang-format every tracked C/C++/CUDA source; format-check: only check (CI)
+##   bindings        the bindings' low layers and versions, generated from include/ddp.h (tools/gen_bindings.py);
+##                   bindings-check: only check, naming each checked-in file that differs (CI)
 ##   help            this text
 ## Testing (each suite ends with "N passed, N failed"; make test sums them)
 ##   test            every suite of SUITES (listed at the end): about 25 minutes on 2 cores

@@ -5,6 +5,15 @@ JULIA      ?= julia
 BIND_MPIRUN := $(if $(filter 1,$(HAVE_MPI)),$(MPIRUN),)
 
 SUITES += python rust rust-fresh julia
+.PHONY: bindings bindings-check
+
+# The low layers (Python _ddp_h.py, Rust generated.rs, Julia ddp_h.jl) and the packages' versions are
+# generated from include/ddp.h and checked in; bindings-check fails while one differs.
+bindings:
+	$(Q)$(PYTHON_BIN) tools/gen_bindings.py
+
+bindings-check:
+	$(Q)$(PYTHON_BIN) tools/gen_bindings.py --check
 .PHONY: suite-python suite-python-src suite-rust suite-rust-fresh suite-julia
 
 # The installed package: a wheel in a fresh virtual environment, tested from outside the tree

@@ -42,11 +42,12 @@ else
   echo "FAILED: the wheel is $(basename "$wheel"), with"; echo "$wheel_meta"
   echo "  want libddp-$header_version-py3-none-$plat.whl, with"; echo "$want_meta"; fail=$((fail + 1))
 fi
-# The sources write no version of their own: pyproject.toml's is dynamic, setup.py reads the header.
+# The sources write no version of their own: pyproject.toml's is dynamic, setup.py reads the generated
+# libddp/_ddp_h.py.
 if grep -qE '^version *=' "$here/pyproject.toml" || grep -qE "version *= *['\"][0-9]" "$here/setup.py" "$here"/libddp/*.py; then
   echo "FAILED: a version is written in bindings/python (pyproject.toml, setup.py or libddp/)"; fail=$((fail + 1))
 else
-  echo "ok: bindings/python writes no version: it is read from include/ddp.h"; pass=$((pass + 1))
+  echo "ok: bindings/python writes no version: it is include/ddp.h's, generated into libddp/_ddp_h.py"; pass=$((pass + 1))
 fi
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 out=$(cd /tmp && env -u LIBDDP_PATH -u PYTHONPATH -u LD_LIBRARY_PATH "$py" -c \

@@ -5,12 +5,11 @@ Everything declarative is in pyproject.toml; this file only adds the native buil
 build/lib/libddp.so.0 is copied to libddp/libddp.so.0, where the loader looks first after
 LIBDDP_PATH. LIBDDP_PREBUILT=<path to libddp.so.0> ships that file instead of building.
 
-The version is the C library's: DDP_VERSION_MAJOR/MINOR/PATCH of include/ddp.h, or, outside a
-checkout, what the prebuilt library's ddp_version() says. The wheel is tagged py3-none-<platform>:
-it holds a prebuilt library loaded with ctypes, no CPython extension, so any Python 3 on that
-platform can use it.
+The version is the C library's: DDP_VERSION_MAJOR/MINOR/PATCH of include/ddp.h, read from
+libddp/_ddp_h.py, which tools/gen_bindings.py generates from the header (make bindings-check keeps
+them equal). The wheel is tagged py3-none-<platform>: it holds a prebuilt library loaded with
+ctypes, no CPython extension, so any Python 3 on that platform can use it.
 """
-import ctypes
 import os
 import re
 import shutil
@@ -28,22 +27,18 @@ except ImportError:  # setuptools before 70.1: the wheel package's command
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NAME = "libddp.so.0"
-HEADER = os.path.join(ROOT, "include", "ddp.h")
+GENERATED = os.path.join(HERE, "libddp", "_ddp_h.py")
 
 
 def library_version():
-    """"MAJOR.MINOR.PATCH" from include/ddp.h, else from the prebuilt library's ddp_version()."""
-    if os.path.isfile(HEADER):
-        with open(HEADER) as f:
-            text = f.read()
-        parts = [re.search(r"^#define DDP_VERSION_%s (\d+)" % k, text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
-        if all(parts):
-            return ".".join(m.group(1) for m in parts)
-    prebuilt = os.environ.get("LIBDDP_PREBUILT")
-    if prebuilt and os.path.isfile(prebuilt):
-        code = ctypes.CDLL(os.path.abspath(prebuilt)).ddp_version()
-        return "%d.%d.%d" % (code // 10000, code // 100 % 100, code % 100)
-    raise SystemExit("libddp: no version: %s is missing and LIBDDP_PREBUILT names no library" % HEADER)
+    """"MAJOR.MINOR.PATCH" of include/ddp.h, as libddp/_ddp_h.py (generated from it) holds it: there in a
+    checkout and in a source distribution alike."""
+    with open(GENERATED) as f:
+        text = f.read()
+    parts = [re.search(r"^DDP_VERSION_%s = (\d+)$" % k, text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise SystemExit("libddp: %s holds no DDP_VERSION_MAJOR/MINOR/PATCH (run make bindings)" % GENERATED)
+    return ".".join(m.group(1) for m in parts)
 
 
 def native_library():

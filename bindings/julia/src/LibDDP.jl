@@ -14,43 +14,16 @@ using Libdl
 export Comm, DDP, DDPError, register!, begin_backward, grad_ready, finish_backward, backward, set_sync,
        no_sync, reduce_all, synchronize, stats, plan, grad_array, rank, nranks
 
-const SUCCESS = 0
-const ERR_INVALID_ARGUMENT = 1
-const ERR_INVALID_STATE = 2
-const ERR_MISMATCH = 3
-const ERR_OUT_OF_MEMORY = 4
-const ERR_UNSUPPORTED = 5
-const ERR_CUDA = 6
-const ERR_NCCL = 7
-const ERR_MPI = 8
-const ERR_TIMEOUT = 9
-const ERR_ABORTED = 10
-const ERR_INTERNAL = 11
+# The header's types, constants (F32, ERR_TIMEOUT, VERSION_CODE, ...), struct layouts and FUNCTIONS,
+# generated from include/ddp.h by tools/gen_bindings.py (make bindings-check fails while they differ).
+include("ddp_h.jl")
 
-const VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
-const VERSION_CODE = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
-const CONFIG_MAGIC = 0xDD9C0F16
-const CONFIG_VERSION = 4
-
-const F16, BF16, F32, F64 = Cint(0), Cint(1), Cint(2), Cint(3)
 dtype_of(::Type{Float16}) = F16
 dtype_of(::Type{Float32}) = F32
 dtype_of(::Type{Float64}) = F64
 
 const LIB = Ref{Ptr{Cvoid}}(C_NULL)
 const SYMS = Dict{Symbol,Ptr{Cvoid}}()
-# Every function of ddp.h; resolved once at load so that finalizers only read the table.
-const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_init_mpi, :ddp_comm_init_self,
-                   :ddp_local_group_create, :ddp_comm_init_local, :ddp_local_group_destroy, :ddp_nccl_get_unique_id,
-                   :ddp_comm_init_nccl, :ddp_comm_init_nccl_mpi,
-                   :ddp_comm_init_nccl_timeout, :ddp_comm_init_nccl_mpi_timeout, :ddp_comm_init_gloo,
-                   :ddp_comm_init_gloo_timeout, :ddp_comm_init_nccl_store, :ddp_comm_init_nccl_store_timeout, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
-                   :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr,
-                   :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward,
-                   :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_get_stats, :ddp_get_plan,
-                   :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr, :ddp_broadcast_params,
-                   :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback,
-                   :ddp_join, :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook, :ddp_comm_allreduce)
 
 # LIBDDP_PATH (a file or a directory) first; then the library `make` built in the repository this
 # package lives in (Pkg.develop(path="bindings/julia")); then the system's search path.
@@ -61,6 +34,7 @@ function libpath()
     return isfile(built) ? built : "libddp.so.0"
 end
 
+# Every function of ddp.h is resolved once at load, so that finalizers only read the table.
 function __init__()
     # RTLD_GLOBAL: Open MPI's plugins resolve libmpi symbols globally.
     LIB[] = Libdl.dlopen(libpath(), Libdl.RTLD_NOW | Libdl.RTLD_GLOBAL)
@@ -84,75 +58,22 @@ version() = Int(ccall(sym(:ddp_version), Cint, ()))
 
 check(st::Cint) = st == 0 ? nothing : throw(DDPError(Int(st), last_error()))
 
-# ---- structs, laid out as in ddp.h -------------------------------------------------------------
-mutable struct Config
-    size::Csize_t
-    magic::UInt32
-    version::UInt32
-    message_size::Csize_t
-    delay_allreduce::Cint
-    layout::Cint
-    plan_order::Cint
-    allreduce_always_fp32::Cint
-    gradient_average::Cint
-    gradient_predivide_factor::Cdouble
-    num_streams::Cint
-    stream_comms::Ptr{Cvoid}
-    timeout_ms::Int64
-    unused_policy::Cint
-    timeline_path::Ptr{UInt8}
-    check_finite::Cint
-    inplace_min_numel::Csize_t
-    host_piece_bytes::Csize_t  # version 2
-    stall_warning_ms::Int64    # version 2
-    shard::Cint                # version 3
-    compression::Cint          # version 4
-    uneven_inputs::Cint
-    Config() = new()
-end
+# ---- the structs under the names this module has always given them ---------------------------------
+const Config = ddp_config_t
+const Stats = ddp_stats_t
+const ShardInfo = ddp_shard_info_t
+const BucketInfo = ddp_bucket_info_t
 
-struct Stats
-    size::Csize_t
-    iterations::UInt64
-    buckets_reduced::UInt64
-    bytes_reduced::UInt64
-    comm_time_ns::UInt64
-    exposed_time_ns::UInt64
-    last_exposed_ns::UInt64
-    library_bytes::UInt64
-    arena_bytes::UInt64
-    nonfinite_buckets::UInt64
-    layout_epoch::UInt64
-    world_size::Cint
-    rank::Cint
-end
+# A versioned struct the library fills: `size` set, every other field zero.
+sized(::Type{T}) where {T} = T(sizeof(T), map(zero, fieldtypes(T)[2:end])...)
 
-struct ShardInfo
-    size::Csize_t
-    dtype::Cint
-    bucket_numel::Csize_t
-    shard_numel::Csize_t
-    shard_offset::Csize_t
-    arena_offset::Csize_t
-    grad_shard::Ptr{Cvoid}
-    param_shard::Ptr{Cvoid}
-    grads_numel::Csize_t
-end
-
-struct BucketInfo
-    size::Csize_t
-    dtype::Cint
-    wire::Cint
-    numel::Csize_t
-    num_grads::Cint
-    stream::Cint
-end
-
-const ENUMS = Dict(:layout => Dict(:copy => 0, :arena => 1),
-                   :plan_order => Dict(:learned => 0, :registration => 1),
-                   :unused_policy => Dict(:error => 0, :zero => 1),
-                   :compression => Dict(:none => 0, :bf16 => 1, :fp16 => 2, :int8 => 3),
-                   :uneven_inputs => Dict(:off => 0, :by_contributors => 1, :by_world => 2))
+const ENUMS = Dict(:layout => Dict(:copy => LAYOUT_COPY, :arena => LAYOUT_ARENA),
+                   :plan_order => Dict(:learned => PLAN_LEARNED, :registration => PLAN_REGISTRATION),
+                   :unused_policy => Dict(:error => UNUSED_ERROR, :zero => UNUSED_ZERO),
+                   :compression => Dict(:none => COMPRESS_NONE, :bf16 => COMPRESS_BF16, :fp16 => COMPRESS_FP16,
+                                        :int8 => COMPRESS_INT8),
+                   :uneven_inputs => Dict(:off => UNEVEN_OFF, :by_contributors => UNEVEN_BY_CONTRIBUTORS,
+                                          :by_world => UNEVEN_BY_WORLD))
 
 # ---- communicators -----------------------------------------------------------------------------
 mutable struct Comm
@@ -283,7 +204,7 @@ handle(d::DDP) = d.handle == C_NULL ? throw(DDPError(ERR_INVALID_STATE, "LibDDP:
 function _register(d::DDP, ptr::Ptr{Cvoid}, n::Integer, ::Type{T}, trigger::Bool) where {T}
     idx = Ref{Cint}(0)
     check(ccall(sym(:ddp_register_grad), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Cint, Cuint, Ref{Cint}),
-                handle(d), ptr, n, dtype_of(T), trigger ? Cuint(1) : Cuint(0), idx))
+                handle(d), ptr, n, dtype_of(T), trigger ? GRAD_TRIGGER : Cuint(0), idx))
     push!(d.shapes, (Int(n), T))
     return Int(idx[])
 end
@@ -332,8 +253,8 @@ function join_uneven(d::DDP)
     return Int(at[])
 end
 
-const HOST_DTYPES = Dict(Float16 => 0, Float32 => 2, Float64 => 3, Int32 => 16, Int64 => 17)
-const OPS = Dict(:sum => 0, :avg => 1, :max => 2, :min => 3)
+const HOST_DTYPES = Dict(Float16 => F16, Float32 => F32, Float64 => F64, Int32 => I32, Int64 => I64)
+const OPS = Dict(:sum => OP_SUM, :avg => OP_AVG, :max => OP_MAX, :min => OP_MIN)
 
 """`allreduce_host!(d, a, op=:sum)`: reduces the array `a` (Float16/32/64, Int32/64: the loss,
 metrics, token counts) across the ranks in place; `op` is :sum, :avg, :max or :min. Collective."""
@@ -366,7 +287,7 @@ function no_sync(f, d::DDP)
 end
 
 function stats(d::DDP)
-    r = Ref(Stats(sizeof(Stats), ntuple(_ -> UInt64(0), 10)..., Cint(0), Cint(0)))
+    r = Ref(sized(Stats))
     check(ccall(sym(:ddp_get_stats), Cint, (Ptr{Cvoid}, Ref{Stats}), handle(d), r))
     return r[]
 end
@@ -378,7 +299,7 @@ function plan(d::DDP)
     check(ccall(sym(:ddp_get_plan), Cint, (Ptr{Cvoid}, Ref{Cint}, Ref{Cint}), h, n, learned))
     out = Tuple{BucketInfo,Vector{Int}}[]
     for b in 0:n[]-1
-        info = Ref(BucketInfo(sizeof(BucketInfo), 0, 0, 0, 0, 0))
+        info = Ref(sized(BucketInfo))
         grads = zeros(Cint, max(length(d.shapes), 1))
         check(ccall(sym(:ddp_get_bucket), Cint, (Ptr{Cvoid}, Cint, Ref{BucketInfo}, Ptr{Cint}, Csize_t),
                     h, b, info, grads, length(grads)))

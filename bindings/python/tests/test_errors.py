@@ -25,16 +25,24 @@ def test_status_strings_come_from_the_library():
 @pytest.mark.parametrize("status", sorted(EXPECTED))
 def test_each_status_raises_its_class_with_the_last_error(status):
     # Make the library fail for real, so that ddp_last_error holds its message, then pass the status
-    # through the errcheck every status-returning function uses.
+    # through the errcheck every status-returning function uses (ctypes hands it an int).
     with pytest.raises(libddp.InvalidArgumentError):
         L.lib.ddp_comm_rank(None, None)
     msg = L.lib.ddp_last_error().decode()
     assert msg.startswith("ddp_comm_rank")
     with pytest.raises(libddp.DDPError) as ei:
-        L._errcheck(L.ddp_status_t(status), None, ())
+        L._errcheck(status, None, ())
     e = ei.value
     assert type(e) is EXPECTED[status] and e.status == status and e.message == msg and str(e) == msg
     assert errors.BY_STATUS[status] is EXPECTED[status]
+
+
+def test_every_status_of_the_header_has_its_class():
+    codes = {n: getattr(L, n) for n in dir(L) if n.startswith("DDP_ERR_")}
+    assert sorted(codes.values()) == sorted(EXPECTED)
+    for name, code in codes.items():
+        assert getattr(errors, name[len("DDP_ERR_"):]) == code and errors.BY_STATUS[code] is EXPECTED[code], name
+    assert errors.SUCCESS == L.DDP_SUCCESS == 0
 
 
 def test_unknown_status_is_a_plain_ddperror():

@@ -83,10 +83,10 @@ fn check(status: sys::ddp_status_t) -> Result<()> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum Op {
-    Sum = 0,
-    Avg = 1,
-    Max = 2,
-    Min = 3,
+    Sum = sys::DDP_OP_SUM,
+    Avg = sys::DDP_OP_AVG,
+    Max = sys::DDP_OP_MAX,
+    Min = sys::DDP_OP_MIN,
 }
 
 /// Element types `Ddp::allreduce_host` takes.
@@ -119,11 +119,12 @@ impl Element for f64 {
 
 /// Element types by name, for device grads and arena registration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
 pub enum Dtype {
-    F16 = 0,
-    BF16 = 1,
-    F32 = 2,
-    F64 = 3,
+    F16 = sys::DDP_F16,
+    BF16 = sys::DDP_BF16,
+    F32 = sys::DDP_F32,
+    F64 = sys::DDP_F64,
 }
 
 /// A communicator.
@@ -200,7 +201,8 @@ impl Drop for Comm {
     }
 }
 
-/// The configuration (ddp_config_t) with the library's defaults.
+/// The configuration (ddp_config_t). `Config::default()` holds the library's defaults, as
+/// `ddp_config_init` writes them: this crate restates none.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub message_size: usize,
@@ -228,28 +230,66 @@ pub struct Config {
     pub uneven_inputs: i32,
 }
 
+// The library's defaults for this crate's ddp_config_t (the sized call: the unsized symbol writes
+// version 1 only).
+fn raw_defaults() -> Result<sys::ddp_config_t> {
+    let mut c = std::mem::MaybeUninit::<sys::ddp_config_t>::zeroed();
+    check(unsafe { sys::ddp_config_init_sized(c.as_mut_ptr(), std::mem::size_of::<sys::ddp_config_t>()) })?;
+    Ok(unsafe { c.assume_init() })
+}
+
 impl Default for Config {
     fn default() -> Self {
+        let c = raw_defaults().expect("ddp_config_init_sized refused this crate's own ddp_config_t");
+        let path = (!c.timeline_path.is_null())
+            .then(|| unsafe { CStr::from_ptr(c.timeline_path) }.to_string_lossy().into_owned());
         Config {
-            message_size: 10_000_000,
-            delay_allreduce: false,
-            arena: false,
-            registration_plan: false,
-            allreduce_always_fp32: false,
-            gradient_average: true,
-            gradient_predivide_factor: 1.0,
-            num_streams: 1,
-            timeout_ms: 300_000,
-            unused_zero: false,
-            timeline_path: None,
-            check_finite: false,
-            inplace_min_numel: 0,
-            host_piece_bytes: 0,
-            stall_warning_ms: 0,
-            shard: false,
-            compression: sys::DDP_COMPRESS_NONE,
-            uneven_inputs: sys::DDP_UNEVEN_OFF,
+            message_size: c.message_size,
+            delay_allreduce: c.delay_allreduce != 0,
+            arena: c.layout == sys::DDP_LAYOUT_ARENA,
+            registration_plan: c.plan_order == sys::DDP_PLAN_REGISTRATION,
+            allreduce_always_fp32: c.allreduce_always_fp32 != 0,
+            gradient_average: c.gradient_average != 0,
+            gradient_predivide_factor: c.gradient_predivide_factor,
+            num_streams: c.num_streams,
+            timeout_ms: c.timeout_ms,
+            unused_zero: c.unused_policy == sys::DDP_UNUSED_ZERO,
+            timeline_path: path,
+            check_finite: c.check_finite != 0,
+            inplace_min_numel: c.inplace_min_numel,
+            host_piece_bytes: c.host_piece_bytes,
+            stall_warning_ms: c.stall_warning_ms,
+            shard: c.shard != 0,
+            compression: c.compression,
+            uneven_inputs: c.uneven_inputs,
         }
+    }
+}
+
+impl Config {
+    // The raw config: the library's defaults with every field of `self` written over them.
+    // `timeline_path` is the caller's C string (copied by ddp_create), or NULL.
+    fn to_raw(&self, timeline_path: Option<&CString>) -> Result<sys::ddp_config_t> {
+        let mut c = raw_defaults()?;
+        c.message_size = self.message_size;
+        c.delay_allreduce = self.delay_allreduce as c_int;
+        c.layout = if self.arena { sys::DDP_LAYOUT_ARENA } else { sys::DDP_LAYOUT_COPY };
+        c.plan_order = if self.registration_plan { sys::DDP_PLAN_REGISTRATION } else { sys::DDP_PLAN_LEARNED };
+        c.allreduce_always_fp32 = self.allreduce_always_fp32 as c_int;
+        c.gradient_average = self.gradient_average as c_int;
+        c.gradient_predivide_factor = self.gradient_predivide_factor;
+        c.num_streams = self.num_streams;
+        c.timeout_ms = self.timeout_ms;
+        c.unused_policy = if self.unused_zero { sys::DDP_UNUSED_ZERO } else { sys::DDP_UNUSED_ERROR };
+        c.timeline_path = timeline_path.map_or(ptr::null(), |p| p.as_ptr());
+        c.check_finite = self.check_finite as c_int;
+        c.inplace_min_numel = self.inplace_min_numel;
+        c.host_piece_bytes = self.host_piece_bytes;
+        c.stall_warning_ms = self.stall_warning_ms;
+        c.shard = self.shard as c_int;
+        c.compression = self.compression;
+        c.uneven_inputs = self.uneven_inputs;
+        Ok(c)
     }
 }
 
@@ -369,26 +409,6 @@ unsafe impl Send for Ddp {}
 impl Ddp {
     /// Makes a context over `comm` (duplicated: `comm` may be dropped afterwards). Collective.
     pub fn new(comm: &Comm, config: &Config) -> Result<Ddp> {
-        let mut c = std::mem::MaybeUninit::<sys::ddp_config_t>::uninit();
-        check(unsafe { sys::ddp_config_init_sized(c.as_mut_ptr(), std::mem::size_of::<sys::ddp_config_t>()) })?;
-        let mut c = unsafe { c.assume_init() };
-        c.message_size = config.message_size;
-        c.delay_allreduce = config.delay_allreduce as c_int;
-        c.layout = if config.arena { sys::DDP_LAYOUT_ARENA } else { sys::DDP_LAYOUT_COPY };
-        c.plan_order = if config.registration_plan { sys::DDP_PLAN_REGISTRATION } else { sys::DDP_PLAN_LEARNED };
-        c.allreduce_always_fp32 = config.allreduce_always_fp32 as c_int;
-        c.gradient_average = config.gradient_average as c_int;
-        c.gradient_predivide_factor = config.gradient_predivide_factor;
-        c.num_streams = config.num_streams;
-        c.timeout_ms = config.timeout_ms;
-        c.unused_policy = if config.unused_zero { sys::DDP_UNUSED_ZERO } else { sys::DDP_UNUSED_ERROR };
-        c.check_finite = config.check_finite as c_int;
-        c.inplace_min_numel = config.inplace_min_numel;
-        c.host_piece_bytes = config.host_piece_bytes;
-        c.stall_warning_ms = config.stall_warning_ms;
-        c.shard = config.shard as c_int;
-        c.compression = config.compression;
-        c.uneven_inputs = config.uneven_inputs;
         let path = match &config.timeline_path {
             Some(p) => Some(
                 CString::new(p.as_str())
@@ -396,7 +416,7 @@ impl Ddp {
             ),
             None => None,
         };
-        c.timeline_path = path.as_ref().map_or(ptr::null(), |p| p.as_ptr()); // copied by ddp_create
+        let c = config.to_raw(path.as_ref())?;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::ddp_create(comm.raw, &c, &mut raw) })?;
         Ok(Ddp {
@@ -656,5 +676,20 @@ impl Drop for Ddp {
                 drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(s.owned, s.words)) });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Config::default() read back into a raw config is the library's defaults, field by field: no
+    // field is lost or mapped wrong on the way in or out.
+    #[test]
+    fn default_config_is_the_librarys() {
+        let raw = Config::default().to_raw(None).unwrap();
+        assert_eq!(format!("{:?}", raw), format!("{:?}", raw_defaults().unwrap()));
+        assert_eq!(raw.size, std::mem::size_of::<sys::ddp_config_t>());
+        assert_eq!((raw.magic, raw.version), (sys::DDP_CONFIG_MAGIC, sys::DDP_CONFIG_VERSION));
     }
 }
