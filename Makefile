@@ -139,7 +139,7 @@ STATIC_LIBS := $(if $(filter 1,$(HAVE_MPI)),$(if $(MPI_PC),,$(filter -l% -pthrea
 STATIC_LIBS_LAST := -lstdc++ -lm -lpthread
 
 # The library: the core, the host backends, MPI (or its stub); mk/cuda.mk adds the CUDA backend (or its stub).
-LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) $(wildcard lib/backends/host/*.cpp) lib/backends/local/local_comm.cpp \
+LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) $(wildcard lib/host/*.cpp) lib/backends/local/local_comm.cpp \
                 $(if $(filter 1,$(HAVE_MPI)),lib/backends/mpi/mpi_comm.cpp,lib/backends/stubs/mpi_stub.cpp)
 LIB_EXTRA_OBJS :=
 SUITES :=
@@ -178,7 +178,7 @@ $(BUILD)/obj/%.o: %.cpp
 
 # The host element loops are memory-bound loops that GCC's -O2 leaves scalar (its cheap vectorizer
 # cost model): -O3 vectorizes them for the baseline ISA, with the same results (no fast-math).
-$(BUILD)/obj/lib/backends/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3)
+$(BUILD)/obj/lib/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3)
 
 $(SHARED): $(LIB_OBJS) lib/libddp.map
 	@echo "$(BUILD_SUMMARY)"

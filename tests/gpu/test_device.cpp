@@ -8,7 +8,7 @@
 #include "core/backend.hpp"
 #include "backends/cuda/cuda_device.hpp"
 #include "gpu_test.hpp"
-#include "backends/host/host_device.hpp"
+#include "host/host_device.hpp"
 
 using namespace ddp;
 using gt::dsize;

@@ -8,7 +8,7 @@
 
 #include "kernels/elementwise.h"
 #include "../mpi/reference.hpp"
-#include "backends/host/host_device.hpp"
+#include "host/host_device.hpp"
 
 using namespace ddp;
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "backends/host/host_kernels.hpp"
+#include "host/host_kernels.hpp"
 #include "kernels/elementwise.h"
 
 using namespace ddp;

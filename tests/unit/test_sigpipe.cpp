@@ -13,7 +13,7 @@
 #include <ctime>
 #include <thread>
 
-#include "backends/host/sigpipe.hpp"
+#include "host/sigpipe.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // The Gloo communicator: host memory over TCP, needing no MPI and no launcher but an environment
-// (torchrun's) or a shared directory. Ranks meet through the rendezvous store (backends/host/
+// (torchrun's) or a shared directory. Ranks meet through the rendezvous store (host/
 // store.hpp); each communicator and each of its duplicates is a Gloo context of its own, a full mesh
 // of TCP pairs. Allreduce, reduce-scatter and all-gather are libddp's host ring over Gloo's
 // point-to-point buffers (the same sums, in the same order, as over MPI); the control path and
@@ -22,13 +22,13 @@
 #include <map>
 #include <mutex>
 
-#include "backends/host/host_device.hpp"
-#include "backends/host/host_kernels.hpp"
-#include "backends/host/probe.hpp"
-#include "backends/host/ring.hpp"
-#include "backends/host/sigpipe.hpp"
-#include "backends/host/store.hpp"
-#include "backends/host/tcp.hpp"
+#include "host/host_device.hpp"
+#include "host/host_kernels.hpp"
+#include "host/probe.hpp"
+#include "host/ring.hpp"
+#include "host/sigpipe.hpp"
+#include "host/store.hpp"
+#include "host/tcp.hpp"
 
 namespace ddp {
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "kernels/elementwise.h"
-#include "backends/host/host_device.hpp"
-#include "backends/host/host_kernels.hpp"
+#include "host/host_device.hpp"
+#include "host/host_kernels.hpp"
 
 namespace ddp {
 

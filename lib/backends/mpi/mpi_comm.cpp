@@ -3,7 +3,7 @@
 // deadline (it writes the worker off if a peer never arrives); everywhere else a collective is issued
 // nonblocking and polled against its deadline.
 //
-// Allreduces of host pieces are libddp's ring (backends/host/ring.hpp) over MPI point-to-point
+// Allreduces of host pieces are libddp's ring (host/ring.hpp) over MPI point-to-point
 // messages rather than MPI_Allreduce: averaging is folded into the last addition (a separate pass
 // over a piece measured 25-55% of the allreduce's time on this engine) and every rank receives the
 // same bits. Small ones stay MPI_Allreduce, whose algorithms suit latency-bound sizes better.
@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "backends/host/host_device.hpp"
-#include "backends/host/ring.hpp"
+#include "host/host_device.hpp"
+#include "host/ring.hpp"
 
 namespace ddp {
 
@@ -102,7 +102,7 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
 
 // Counts larger than an int are sent in pieces.
 constexpr size_t kMaxChunk = size_t(1) << 30;
-// The ring (backends/host/ring.hpp): from this many bytes on (below, MPI_Allreduce and a scaling pass).
+// The ring (host/ring.hpp): from this many bytes on (below, MPI_Allreduce and a scaling pass).
 constexpr size_t kRingMinBytes = size_t(64) << 10;
 constexpr int kRingTag = 0x7ddb;
 

@@ -1,4 +1,4 @@
-#include "backends/host/host_device.hpp"
+#include "host/host_device.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "backends/host/host_kernels.hpp"
+#include "host/host_kernels.hpp"
 #include "core/knobs.hpp"
 #include "kernels/kernel_bodies.h"
 

@@ -1,6 +1,6 @@
 // The host element loops: cast, scale and scan host memory. The same per-element operations as the
 // CUDA kernels (kernels/elementwise.h); this file is built with vectorization on (see the Makefile).
-#include "backends/host/host_kernels.hpp"
+#include "host/host_kernels.hpp"
 
 #include <algorithm>
 #include <cstring>

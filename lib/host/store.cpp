@@ -1,4 +1,4 @@
-#include "backends/host/store.hpp"
+#include "host/store.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backends/host/tcp.hpp"
+#include "host/tcp.hpp"
 #include "core/knobs.hpp"
 
 namespace ddp {

@@ -1,8 +1,8 @@
-#include "backends/host/ring.hpp"
+#include "host/ring.hpp"
 
 #include <algorithm>
 
-#include "backends/host/host_kernels.hpp"
+#include "host/host_kernels.hpp"
 
 namespace ddp {
 namespace host {

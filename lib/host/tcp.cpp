@@ -1,4 +1,4 @@
-#include "backends/host/tcp.hpp"
+#include "host/tcp.hpp"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "backends/host/host_kernels.hpp"
+#include "host/host_kernels.hpp"
 #include "core/backend.hpp"
 
 namespace ddp {

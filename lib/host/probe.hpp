@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "backends/host/store.hpp"
+#include "host/store.hpp"
 #include "core/backend.hpp"
 
 namespace ddp {

@@ -1,4 +1,4 @@
-#include "backends/host/probe.hpp"
+#include "host/probe.hpp"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/host/tcp.hpp"
+#include "host/tcp.hpp"
 
 namespace ddp {
 
