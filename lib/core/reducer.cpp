@@ -17,20 +17,9 @@ struct Reducer::StepTask final : Task {
   void run() override { reducer->run_step(bucket, step); }
 };
 
-// A bucket's parameter all-gather (sharded contexts): a task of its own, since it may still be queued
-// when the bucket's next reduction is submitted.
-struct Reducer::GatherTask final : Task {
-  Reducer* reducer = nullptr;
-  int bucket = 0;
-  uint64_t epoch = 0;
-  void run() override;
-};
-
 // A bucket's runtime: what changes while the program runs (pointers, readiness, progress).
 struct Reducer::BucketRt {
   StepTask whole, in, collectives, out;
-  GatherTask gather_task;
-  std::atomic<uint64_t> gathered{0};                    // host: the epoch of the last gather that completed
   SegmentTable packed;                                  // staged: grads packed into staging; arena: each grad's view
   SegmentTable direct;                                  // copy layout: grads reduced in place, each its own collective
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
@@ -66,14 +55,6 @@ void Reducer::run_step(int b, Step step) {
   }
 }
 
-void Reducer::GatherTask::run() {
-  try {
-    reducer->gather(bucket, epoch);
-  } catch (const Error& e) {
-    throw Error(e.status(), reducer->where(bucket) + "parameter gather: " + e.what());
-  }
-}
-
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
   env_.program.hook = static_cast<bool>(env_.hook);
   divisor_ = env_.program.world;
@@ -83,6 +64,9 @@ Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : en
   for (Comm* c : env_.comms) caps_.push_back(Capabilities::of(*c, env_.program.piece_bytes, !workers_));
   // The streams keep the timeout: a collective of a dead peer never returns on its own.
   for (Stream* s : env_.streams) s->set_task_timeout(env_.timeout_ms);
+  if (env_.program.shard)
+    shards_.reset(new ShardSet(ShardSet::Env{env_.device, env_.comms, env_.streams, env_.program.rank, env_.timeout_ms,
+                                             workers_, [this](int b) { return where(b); }}));
 }
 
 // Averages divide by `divisor` ranks from the next launch on (uneven inputs): only the programs'
@@ -98,8 +82,8 @@ Reducer::~Reducer() {
   for (void* p : staging_) env_.device->release(p);
   for (void* p : gather_) env_.device->release(p);
   env_.device->release(residual_);
+  shards_.reset();  // (its parameter arena first: the grad arena outlives every view of it)
   env_.device->release(arena_);
-  env_.device->release(params_);
 }
 
 std::string Reducer::where(int b) const {
@@ -109,41 +93,41 @@ std::string Reducer::where(int b) const {
 
 void Reducer::adopt(Plan plan, const std::vector<void*>& user_ptrs) {
   Program program = compile_program(plan, specs_, env_.program, caps_, divisor_);
-  std::vector<void*> ptrs = user_ptrs;
-  char* old_arena = nullptr;
+  std::vector<void*> ptrs = user_ptrs, old(specs_.size(), nullptr);
+  std::vector<size_t> base(plan.buckets.size());
+  size_t total = 0;
+  char* old_arena = arena_;
   if (env_.program.arena) {
     // Storage follows the plan: each bucket one contiguous, 256-byte aligned range of one arena.
-    std::vector<size_t> base(plan.buckets.size());
-    size_t total = 0;
+    for (size_t g = 0; arena_ && g < specs_.size(); ++g) old[g] = grad_ptr(static_cast<int>(g));
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
       total = (total + 255) / 256 * 256;
       base[b] = total;
       total += program.buckets[b].padded * dtype_size(plan.buckets[b].dtype);
     }
     char* fresh = static_cast<char*>(env_.device->alloc(total));
-    char* fresh_params = env_.program.shard ? static_cast<char*>(env_.device->alloc(total)) : nullptr;
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bk = plan.buckets[b];
       for (size_t s = 0; s < bk.grads.size(); ++s) {
-        size_t g = static_cast<size_t>(bk.grads[s]);
-        void* to = fresh + base[b] + bk.offsets[s] * dtype_size(bk.dtype);
-        const size_t bytes = specs_[g].numel * dtype_size(bk.dtype);
-        if (arena_) env_.device->copy(to, grad_ptr(static_cast<int>(g)), bytes);
-        if (params_)
-          env_.device->copy(fresh_params + (static_cast<char*>(to) - fresh), param_ptr(static_cast<int>(g)), bytes);
-        ptrs[g] = to;
+        const size_t g = static_cast<size_t>(bk.grads[s]);
+        ptrs[g] = fresh + base[b] + bk.offsets[s] * dtype_size(bk.dtype);
+        if (old[g]) env_.device->copy(ptrs[g], old[g], specs_[g].numel * dtype_size(bk.dtype));
       }
     }
-    old_arena = arena_;
     arena_ = fresh;
     arena_bytes_ = total;
-    env_.device->release(params_);
-    params_ = fresh_params;
   }
   plan_ = std::move(plan);
   program_ = std::move(program);
+  if (shards_)
+    shards_->relayout(program_, arena_, base, total, [&](char* fresh) {
+      for (size_t g = 0; g < specs_.size(); ++g)
+        if (old[g])
+          env_.device->copy(fresh + (static_cast<char*>(ptrs[g]) - arena_), shards_->param_of(old[g]),
+                            specs_[g].numel * dtype_size(specs_[g].dtype));
+    });
   build_runtime(ptrs);
-  env_.device->release(old_arena);
+  if (old_arena != arena_) env_.device->release(old_arena);
 }
 
 // Bucket b's runtime: its tasks, and which grads its program packs or reduces in place.
@@ -159,8 +143,6 @@ std::unique_ptr<Reducer::BucketRt> Reducer::make_bucket(size_t b, const std::vec
     tasks[k]->bucket = static_cast<int>(b);
     tasks[k]->step = steps[k];
   }
-  r->gather_task.reducer = self;
-  r->gather_task.bucket = static_cast<int>(b);
   r->size = static_cast<int>(bk.grads.size());
   size_t packed = 0;
   for (size_t s = 0; s < bk.grads.size(); ++s) {
@@ -215,7 +197,6 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
   }
   alloc_int8();
   if (env_.check_finite) env_.device->reserve_flags(nb);
-  if (env_.program.shard) env_.device->reserve_marks(nb);
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
@@ -600,75 +581,10 @@ std::string Reducer::stuck(int si) const {
   return format("iteration %llu, stream %d: ", static_cast<unsigned long long>(iteration_), si);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Sharded contexts
-// ---------------------------------------------------------------------------------------------
-
-Reducer::ShardView Reducer::shard(int b) const {
-  const BucketRt& r = *rt_[static_cast<size_t>(b)];
-  const BucketProgram& p = program_.buckets[static_cast<size_t>(b)];
-  ShardView v;
-  v.dtype = p.dtype;
-  v.padded = p.padded;
-  v.shard_n = p.shard_n;
-  v.lo = static_cast<size_t>(env_.program.rank) * p.shard_n;
-  v.numel = p.numel;
-  v.arena_byte = static_cast<size_t>(r.base - arena_) + v.lo * dtype_size(p.dtype);
-  v.grad = arena_ + v.arena_byte;
-  v.param = params_ ? params_ + v.arena_byte : nullptr;
-  return v;
-}
-
-void* Reducer::param_ptr(int g) const { return params_ + (static_cast<char*>(grad_ptr(g)) - arena_); }
-
-void Reducer::gather(int b, uint64_t epoch) {
-  auto [p, r, s, d, c] = work(b);
-  c.allgather(params_ + (r.base - arena_), p.shard_n * dtype_size(p.dtype), s, gather_deadline_);
-  if (!workers_) d.mark(static_cast<size_t>(b), s);
-  r.gathered.store(epoch, std::memory_order_release);
-}
-
-// In the order a forward pass needs the parameters: the plan's buckets follow backward's order, so
-// its last bucket holds the first layers.
-void Reducer::launch_gather(void* user_stream) {
-  ++gather_epoch_;
-  gather_deadline_ = Deadline::after_ms(env_.timeout_ms);
-  for (Stream* s : env_.streams) env_.device->stream_wait_user(*s, user_stream);
-  for (size_t b = rt_.size(); b-- > 0;) {
-    GatherTask& t = rt_[b]->gather_task;
-    t.epoch = gather_epoch_;
-    stream_of(static_cast<int>(b)).submit(&t);
-  }
-}
-
-void Reducer::wait_gathered(int b, void* user_stream) {
-  BucketRt& r = *rt_[static_cast<size_t>(b)];
-  Stream& s = stream_of(b);
-  if (!workers_) {
-    env_.device->user_wait_mark(user_stream, static_cast<size_t>(b));
-    s.poll_error();
-    return;
-  }
-  for (unsigned spin = 0; r.gathered.load(std::memory_order_acquire) < gather_epoch_; ++spin) {
-    s.poll_error();
-    if (gather_deadline_.passed())
-      fail(DDP_ERR_TIMEOUT,
-           "%sthe parameter gather did not complete before the timeout: another rank stalled, died or "
-           "issued a different collective",
-           where(b).c_str());
-    if (spin < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(spin < 4096 ? 20 : 500));
-  }
-}
-
-void Reducer::shard_norm_terms(void* user_stream, double out[2]) {
-  for (Stream* s : env_.streams) env_.device->stream_wait_user(*s, user_stream);
-  for (size_t b = 0; b < rt_.size(); ++b) {
-    const ShardView v = shard(static_cast<int>(b));
-    env_.device->norm_terms(v.grad, v.shard_n, v.dtype, stream_of(static_cast<int>(b)), out);
-  }
+// The grad side of a sharded bucket is the reduce-scatter step; the rest is the shard set's.
+ShardSet& Reducer::shards() {
+  if (!shards_) fail(DDP_ERR_INTERNAL, "not a sharded context");
+  return *shards_;
 }
 
 void Reducer::cancel() {

@@ -14,6 +14,7 @@
 #include "core/backend.hpp"
 #include "core/plan.hpp"
 #include "core/program.hpp"
+#include "core/shard_set.hpp"
 #include "core/timeline.hpp"
 
 namespace ddp {
@@ -92,28 +93,12 @@ class Reducer {
   void set_divisor(int divisor);
   int divisor() const { return divisor_; }
 
-  // --- Sharded contexts ---
-  // This rank's shard of bucket b.
-  struct ShardView {
-    Dtype dtype;
-    size_t padded, shard_n, lo;  // the bucket's elements with padding, per rank, this rank's first
-    size_t numel;                // of them, grads' elements
-    size_t arena_byte;           // the shard's first byte, from the arena's start
-    char* grad;
-    char* param;
-  };
-  ShardView shard(int b) const;
-  // Where parameter g lives in the parameter arena.
-  void* param_ptr(int g) const;
-  char* param_arena() const { return params_; }
-  // Launches every bucket's parameter all-gather, the last bucket first, after `user_stream`'s work.
-  void launch_gather(void* user_stream);
-  // Waits for bucket b's gather (host) or makes `user_stream` wait for it (GPU).
-  void wait_gathered(int b, void* user_stream);
-  // out[0] += the sum of squares of this rank's shards' finite elements, out[1] += their NaN/Inf.
-  void shard_norm_terms(void* user_stream, double out[2]);
+  // Sharded contexts: the shards, the parameter arena and its gathers.
+  ShardSet& shards();
 
-  uint64_t buffer_bytes() const { return staging_bytes_ + arena_bytes_ + (params_ ? arena_bytes_ : 0) + int8_bytes_; }
+  uint64_t buffer_bytes() const {
+    return staging_bytes_ + arena_bytes_ + (shards_ ? shards_->bytes() : 0) + int8_bytes_;
+  }
   // The int8 wire: forgets every kept rounding error (a rank that joins contributes zeros from then on).
   void clear_feedback();
   uint64_t arena_bytes() const { return arena_bytes_; }
@@ -128,7 +113,6 @@ class Reducer {
  private:
   enum class Step { Whole, In, Collectives, Out };
   struct StepTask;
-  struct GatherTask;
   struct BucketRt;
   // What a bucket's work touches: its program, its runtime, its stream, the device, its comm.
   struct Work {
@@ -159,7 +143,6 @@ class Reducer {
   void scan(int b, const void* p, size_t n);
   void scan_packed(int b, Span span, size_t* cursor);
   void account(int b);
-  void gather(int b, uint64_t epoch);
   std::string where(int b) const;
   void set_zero(int g, bool zero);
 
@@ -176,14 +159,12 @@ class Reducer {
   void* staging(int b) const;   // bucket b's range of its stream's staging buffer
   std::unique_ptr<BucketRt> make_bucket(size_t b, const std::vector<void*>& ptrs) const;
   uint64_t staging_bytes_ = 0;
-  char* arena_ = nullptr;      // arena layout: every bucket's storage, bucket after bucket
-  char* params_ = nullptr;     // sharded: the parameter arena, laid out as arena_
-  float* residual_ = nullptr;  // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
-  size_t residuals_ = 0;       // (host memory: the int8 wire runs on host devices only)
-  std::vector<void*> gather_;  // int8 wire: per stream, the all-gather buffer of world chunks
+  char* arena_ = nullptr;             // arena layout: every bucket's storage, bucket after bucket
+  std::unique_ptr<ShardSet> shards_;  // sharded contexts
+  float* residual_ = nullptr;         // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
+  size_t residuals_ = 0;              // (host memory: the int8 wire runs on host devices only)
+  std::vector<void*> gather_;         // int8 wire: per stream, the all-gather buffer of world chunks
   uint64_t int8_bytes_ = 0;
-  uint64_t gather_epoch_ = 0;
-  Deadline gather_deadline_;
   uint64_t arena_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;

@@ -42,7 +42,7 @@ void Context::shard_info(int bucket, ddp_shard_info_t* info) {
   fatal_on_error([&] { commit_locked(); });
   const int nb = static_cast<int>(reducer_->plan().buckets.size());
   if (bucket < 0 || bucket >= nb) fail(DDP_ERR_INVALID_ARGUMENT, "bucket %d out of range (%d buckets)", bucket, nb);
-  const Reducer::ShardView v = reducer_->shard(bucket);
+  const ShardSet::View v = reducer_->shards().view(bucket);
   ddp_shard_info_t full;
   std::memset(&full, 0, sizeof full);
   full.dtype = static_cast<ddp_dtype_t>(v.dtype);
@@ -66,7 +66,7 @@ void Context::grad_shard(int index, size_t* first, size_t* count, size_t* shard_
   const size_t off =
       p.buckets[static_cast<size_t>(b)].offsets[static_cast<size_t>(p.slot_of[static_cast<size_t>(index)])];
   const size_t n = specs_[static_cast<size_t>(index)].numel;
-  const Reducer::ShardView v = reducer_->shard(b);
+  const ShardSet::View v = reducer_->shards().view(b);
   const size_t lo = std::max(v.lo, off), hi = std::min(v.lo + v.shard_n, off + n);
   const bool owns = lo < hi;
   if (first) *first = owns ? lo - off : 0;
@@ -79,7 +79,7 @@ void* Context::param_ptr(int index) {
   check_sharded();
   check_index(index);
   fatal_on_error([&] { commit_locked(); });
-  return reducer_->param_ptr(index);
+  return reducer_->shards().param_of(reducer_->grad_ptr(index));
 }
 
 void Context::broadcast_params(int root, void* stream) {
@@ -92,7 +92,7 @@ void Context::broadcast_params(int root, void* stream) {
     commit_locked();
     // Gathers still in flight would write the arena behind the broadcast.
     for (auto& s : streams_) s->drain(deadline());
-    bcast_->broadcast(reducer_->param_arena(), reducer_->arena_bytes(), root, stream, deadline());
+    bcast_->broadcast(reducer_->shards().params(), reducer_->arena_bytes(), root, stream, deadline());
   });
 }
 
@@ -111,7 +111,7 @@ void Context::gather_params(void* stream) {
          "accumulated local grads (finish a backward pass with sync on first)");
   fatal_on_error([&] {
     commit_locked();
-    reducer_->launch_gather(stream);
+    reducer_->shards().launch_gather(stream);
   });
   gathered_ = true;
 }
@@ -128,10 +128,10 @@ void Context::wait_params(int index, void* stream) {
   fatal_on_error([&] {
     const Plan& p = reducer_->plan();
     if (index >= 0) {
-      reducer_->wait_gathered(p.bucket_of[static_cast<size_t>(index)], stream);
+      reducer_->shards().wait_gathered(p.bucket_of[static_cast<size_t>(index)], stream);
       return;
     }
-    for (int b = static_cast<int>(p.buckets.size()); b-- > 0;) reducer_->wait_gathered(b, stream);
+    for (int b = static_cast<int>(p.buckets.size()); b-- > 0;) reducer_->shards().wait_gathered(b, stream);
   });
 }
 
@@ -145,7 +145,7 @@ void Context::shard_norm(void* stream, double* norm, uint64_t* nonfinite) {
   CallScope scope(this, Call::ShardNorm);
   fatal_on_error([&] {
     commit_locked();
-    reducer_->shard_norm_terms(stream, mine);
+    reducer_->shards().norm_terms(stream, mine);
     ctrl_->allgather_host(mine, all.data(), sizeof mine, deadline());
   });
   double sq = 0.0, bad = 0.0;
