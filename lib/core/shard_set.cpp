@@ -68,7 +68,7 @@ void ShardSet::gather(int b, uint64_t epoch) {
   const BucketProgram& p = program_->buckets[static_cast<size_t>(b)];
   Stream& s = stream_of(b);
   env_.comms[static_cast<size_t>(p.stream)]->allgather(params_ + base_[static_cast<size_t>(b)],
-                                                         p.shard_n * dtype_size(p.dtype), s, deadline_);
+                                                       p.shard_n * dtype_size(p.dtype), s, deadline_);
   if (!env_.workers) env_.device->mark(static_cast<size_t>(b), s);
   tasks_[static_cast<size_t>(b)]->gathered.store(epoch, std::memory_order_release);
 }

@@ -25,7 +25,7 @@ class ShardSet {
     std::vector<Stream*> streams;  // one per stream
     int rank = 0;
     int64_t timeout_ms = 0;
-    bool workers = false;  // host streams: the host waits for a gather's completion itself
+    bool workers = false;                   // host streams: the host waits for a gather's completion itself
     std::function<std::string(int)> where;  // "iteration I, bucket b of n (stream s): "
   };
   explicit ShardSet(Env env);
@@ -71,7 +71,7 @@ class ShardSet {
   char* grads_ = nullptr;   // the grad arena (the reducer's)
   char* params_ = nullptr;  // the parameter arena, laid out as the grad arena
   size_t total_ = 0;
-  std::vector<size_t> base_;                      // per bucket: its first byte in either arena
+  std::vector<size_t> base_;                        // per bucket: its first byte in either arena
   std::vector<std::unique_ptr<GatherTask>> tasks_;  // per bucket
   uint64_t epoch_ = 0;
   Deadline deadline_;
