@@ -215,7 +215,7 @@ $(UNIT_BIN): $(patsubst %.cpp,$(BUILD)/%.o,$(UNIT_SRCS)) $(STATIC)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) -o $@ $^ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-$(MPI_TEST_BIN): tests/mpi/mpi_reduce.cpp tests/mpi/reference.hpp tests/mpi/harness.hpp $(SHARED)
+$(MPI_TEST_BIN): tests/mpi/mpi_reduce.cpp tests/support/reference.hpp tests/support/mpi_harness.hpp $(SHARED)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \

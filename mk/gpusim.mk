@@ -70,7 +70,7 @@ SIM_FEATURES_BIN := $(BUILD)/tests/mpi_nccl_features
 $(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp
 $(SIM_SHARD_BIN): tests/mpi/mpi_shard.cpp
 $(SIM_FEATURES_BIN): tests/mpi/mpi_features.cpp
-$(SIM_MPI_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN): tests/mpi/reference.hpp tests/mpi/harness.hpp $(BUILD)/lib/libddp.so
+$(SIM_MPI_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN): tests/support/reference.hpp tests/support/mpi_harness.hpp $(BUILD)/lib/libddp.so
 	$(call say,CXX,$(filter %.cpp,$^))
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(SIM_INC) -DDDP_TEST_NCCL=1 -DOMPI_SKIP_MPICXX=1 \

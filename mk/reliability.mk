@@ -25,18 +25,18 @@ export UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
 export LSAN_OPTIONS ?= suppressions=$(SAN_SUPP):print_suppressions=0
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 
-$(FUZZ_REPLAY): tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp tests/faults/common.hpp $(REL_STATIC)
+$(FUZZ_REPLAY): tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp tests/support/exact_grads.hpp $(REL_STATIC)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude tests/fuzz/fuzz_api.cpp tests/fuzz/replay_main.cpp \
 	  $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-$(THREADS_BIN): tests/faults/threads_local.cpp tests/faults/common.hpp $(REL_STATIC)
+$(THREADS_BIN): tests/faults/threads_local.cpp tests/support/exact_grads.hpp $(REL_STATIC)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $< $(REL_STATIC) -o $@ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-$(FAULTS_BIN): tests/faults/faults.cpp tests/faults/common.hpp $(REL_SHARED)
+$(FAULTS_BIN): tests/faults/faults.cpp tests/support/exact_grads.hpp $(REL_SHARED)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ \

@@ -11,7 +11,7 @@ $(SHARD_TRAIN_BIN): tests/mpi/shard_train.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(Q)$(CC) -std=c99 $(OPT) $(SAN) -Wall -Wextra -Iinclude $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(LDFLAGS_ALL) $(MPI_LIBS) -lm
 
-$(SHARD_TEST_BIN): tests/mpi/mpi_shard.cpp tests/mpi/reference.hpp tests/mpi/harness.hpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
+$(SHARD_TEST_BIN): tests/mpi/mpi_shard.cpp tests/support/reference.hpp tests/support/mpi_harness.hpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \

@@ -36,7 +36,7 @@
 #include <thread>
 #include <vector>
 
-#include "common.hpp"
+#include "../support/exact_grads.hpp"
 
 using namespace faults;
 

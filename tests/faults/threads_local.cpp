@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "common.hpp"
+#include "../support/exact_grads.hpp"
 
 using namespace faults;
 

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "../faults/common.hpp"
+#include "../support/exact_grads.hpp"
 #include "ddp.h"
 
 namespace {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "ddp.h"
-#include "harness.hpp"
-#include "reference.hpp"
+#include "../support/mpi_harness.hpp"
+#include "../support/reference.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "kernels/elementwise.h"
-#include "../mpi/reference.hpp"
+#include "../support/reference.hpp"
 #include "host/host_device.hpp"
 
 using namespace ddp;

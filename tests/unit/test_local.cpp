@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "../mpi/reference.hpp"
+#include "../support/reference.hpp"
 #include "ddp.h"
 
 #include <fcntl.h>

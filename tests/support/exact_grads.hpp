@@ -1,4 +1,4 @@
-// Shared by the fault tests: grads with deterministic values exact in every dtype, and their
+// Shared by the fault, thread and fuzz tests: grads with deterministic values exact in every dtype, and their
 // reference reduction.
 #pragma once
 
