@@ -121,10 +121,11 @@ typedef enum ddp_compression {
    * over iterations converges to the exact average. A block holding a NaN or an Inf (or, in f64
    * buckets, a magnitude past the fp32 range) becomes NaN on every rank, never hidden; its error is
    * dropped. Bytes on the wire per rank: (world - 1) x (n + n/64) received against 2 (world - 1) /
-   * world x 4n for the fp32 ring: 0.25x at 2 ranks, 0.5x at 4; past about 8 ranks it stops paying
-   * (use bf16 there). Host memory only (MPI, Gloo, local comms): an NCCL communicator is
-   * DDP_ERR_UNSUPPORTED at ddp_create. 16-bit buckets travel as they are. Not with config.shard. A
-   * rank that joins (ddp_join) drops its kept errors, so that its shadowing contributes zeros. */
+   * world x 4n for the fp32 ring: 0.25x at 2 ranks, 0.5x at 4, as much as bf16 from 4 ranks on (use
+   * bf16 there). Host memory and NCCL alike (on GPUs: CUDA kernels running the same element code,
+   * and ncclAllGather; such buckets are not grouped with others). 16-bit buckets travel as they
+   * are. Not with config.shard. A rank that joins (ddp_join) drops its kept errors, so that its
+   * shadowing contributes zeros. */
   DDP_COMPRESS_INT8 = 3
 } ddp_compression_t;
 

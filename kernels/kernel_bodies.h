@@ -123,6 +123,39 @@ DDP_HD void tree_step(double* slots, size_t t, size_t half) {
   if (t < half) slots[t] += slots[t + half];
 }
 
+// The int8 wire (DDP_COMPRESS_INT8): thread t of the grid quantizes int8 blocks t, t + stride, ...
+// of x (elem::int8_quantize_block: the same code on the host and the GPU) into `chunk`, its scales
+// first, then its values.
+template <class T>
+DDP_HD void int8_quantize_thread(const typename T::storage* x, float* residual, size_t n, char* chunk, size_t b,
+                                 size_t t, size_t bdim, size_t gdim) {
+  const size_t nblocks = elem::int8_blocks(n);
+  float* scales = reinterpret_cast<float*>(chunk);
+  int8_t* q = reinterpret_cast<int8_t*>(chunk + nblocks * 4);
+  for (size_t k = b * bdim + t; k < nblocks; k += gdim * bdim) {
+    const size_t lo = k * elem::kInt8Block, m = n - lo < elem::kInt8Block ? n - lo : elem::kInt8Block;
+    elem::int8_quantize_block<T>(x + lo, residual + lo, m, scales + k, q + lo);
+  }
+}
+
+// out[i] = the sum over `world` chunks (chunk_bytes apart) of q * scale, rank after rank, in T's
+// math: the order of additions of the host's loops, so both give the same bits.
+template <class T>
+DDP_HD void int8_dequant_thread(const char* chunks, size_t chunk_bytes, int world, size_t n, typename T::storage* out,
+                                size_t b, size_t t, size_t bdim, size_t gdim) {
+  const size_t q_at = elem::int8_blocks(n) * 4;
+  for (size_t i = b * bdim + t; i < n; i += gdim * bdim) {
+    typename T::math acc = 0;
+    for (int r = 0; r < world; ++r) {
+      const char* c = chunks + static_cast<size_t>(r) * chunk_bytes;
+      float scale;
+      memcpy(&scale, c + (i / elem::kInt8Block) * 4, 4);
+      acc = elem::int8_term<T>(acc, reinterpret_cast<const int8_t*>(c + q_at)[i], scale);
+    }
+    out[i] = T::store(acc);
+  }
+}
+
 // Calls f(elem::F16{}) ... f(elem::F64{}) for `d`; false for a value that is no dtype.
 template <class F>
 inline bool with_dtype(ddp_dtype_t d, F&& f) {

@@ -41,7 +41,44 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(const typename T::storag
   }
 }
 
+template <class T>
+__global__ void int8_quantize_kernel(const typename T::storage* x, float* residual, size_t n, char* chunk) {
+  int8_quantize_thread<T>(x, residual, n, chunk, blockIdx.x, threadIdx.x, blockDim.x, gridDim.x);
+}
+
+template <class T>
+__global__ void int8_dequant_kernel(const char* chunks, size_t chunk_bytes, int world, size_t n,
+                                    typename T::storage* out) {
+  int8_dequant_thread<T>(chunks, chunk_bytes, world, n, out, blockIdx.x, threadIdx.x, blockDim.x, gridDim.x);
+}
+
 }  // namespace
+
+cudaError_t launch_int8_quantize(const void* x, ddp_dtype_t dtype, size_t n, float* residual, void* chunk,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  cudaError_t rc = cudaErrorInvalidValue;
+  with_dtype(dtype, [&](auto t) {
+    typedef decltype(t) T;
+    int8_quantize_kernel<T><<<grid_for(elem::int8_blocks(n)), kThreads, 0, stream>>>(
+        static_cast<const typename T::storage*>(x), residual, n, static_cast<char*>(chunk));
+    rc = cudaGetLastError();
+  });
+  return rc;
+}
+
+cudaError_t launch_int8_dequant(const void* chunks, size_t chunk_bytes, int world, size_t n, ddp_dtype_t dtype,
+                                void* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  cudaError_t rc = cudaErrorInvalidValue;
+  with_dtype(dtype, [&](auto t) {
+    typedef decltype(t) T;
+    int8_dequant_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const char*>(chunks), chunk_bytes, world,
+                                                                 n, static_cast<typename T::storage*>(out));
+    rc = cudaGetLastError();
+  });
+  return rc;
+}
 
 cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src, ddp_dtype_t dst,
                                 void* flat, int pack, double scale, cudaStream_t stream) {

@@ -38,5 +38,12 @@ constexpr unsigned kNormMaxBlocks = 4096;
 cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* partials, unsigned* blocks,
                         cudaStream_t stream);
 
+// The int8 wire: quantizes n elements of x (f32 or f64) plus `residual` (n floats, updated) into
+// `chunk` (elem::int8_chunk_bytes(n) bytes); and out = the rank-order sum of `world` chunks.
+cudaError_t launch_int8_quantize(const void* x, ddp_dtype_t dtype, size_t n, float* residual, void* chunk,
+                                 cudaStream_t stream);
+cudaError_t launch_int8_dequant(const void* chunks, size_t chunk_bytes, int world, size_t n, ddp_dtype_t dtype,
+                                void* out, cudaStream_t stream);
+
 }  // namespace kern
 }  // namespace ddp

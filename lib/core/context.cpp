@@ -17,10 +17,6 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   ctrl_ = comm.dup();
   // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
   agree_config(*ctrl_, cfg_, deadline());
-  if (cfg_.c.compression == DDP_COMPRESS_INT8 && comm.memory() == Memory::Device)
-    fail(DDP_ERR_UNSUPPORTED,
-         "config.compression DDP_COMPRESS_INT8 runs on host memory only (MPI, Gloo or local comms); on "
-         "NCCL use DDP_COMPRESS_BF16");
   prober_ = comm.make_prober([this] { return position(); });
   bcast_ = comm.dup();
   if (cfg_.stream_comms.empty()) {

@@ -144,9 +144,10 @@ Program compile_program(const Plan& plan, const std::vector<GradSpec>& specs, co
   Program p;
   for (const Bucket& bk : plan.buckets)
     p.buckets.push_back(compile_bucket(bk, specs, s, caps.at(static_cast<size_t>(bk.stream)), divisor));
-  // Grouping interleaves several buckets' steps on the launching thread: GPU streams only, and not
-  // around a hook, which the caller may make block.
-  p.group = !caps.empty() && caps[0].group && !s.hook;
+  // Grouping interleaves several buckets' steps on the launching thread: GPU streams only; not around
+  // a hook, which the caller may make block, nor the int8 wire, whose collective step runs kernels
+  // before and after its all-gather (inside a group the all-gather would run after both).
+  p.group = !caps.empty() && caps[0].group && !s.hook && !s.int8;
   return p;
 }
 

@@ -222,7 +222,14 @@ void Reducer::alloc_int8() {
   }
 }
 
-void Reducer::clear_feedback() { std::fill_n(residual_, residuals_, 0.0f); }
+// Zeros in each int8 bucket's stream order (the residuals may be device memory).
+void Reducer::clear_feedback() {
+  for (size_t b = 0; b < rt_.size(); ++b) {
+    const BucketProgram& p = program_.buckets[b];
+    if (p.collective == Collective::Int8)
+      env_.device->fill_zero(residual_ + rt_[b]->residual_at, p.numel, Dtype::F32, stream_of(static_cast<int>(b)));
+  }
+}
 
 // The int8 wire: this rank's chunk (its values plus its kept errors, quantized) into its place in the
 // stream's gather buffer, every rank's chunk to every rank, and the same rank-order sum everywhere.

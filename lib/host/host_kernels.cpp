@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/elementwise.h"
+#include "kernels/kernel_bodies.h"
 
 namespace ddp {
 
@@ -93,15 +94,11 @@ void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, doub
   }
 }
 
+// One "thread" over every block: the GPU kernel's body (kern::int8_quantize_thread), run on the host.
 template <class T>
 static void int8_quantize_typed(const void* x, size_t n, float* residual, void* chunk) {
-  const typename T::storage* in = static_cast<const typename T::storage*>(x);
-  float* scales = static_cast<float*>(chunk);
-  int8_t* q = static_cast<int8_t*>(chunk) + elem::int8_blocks(n) * 4;
-  for (size_t b = 0, lo = 0; lo < n; ++b, lo += elem::kInt8Block) {
-    const size_t k = std::min<size_t>(elem::kInt8Block, n - lo);
-    elem::int8_quantize_block<T>(in + lo, residual + lo, k, scales + b, q + lo);
-  }
+  kern::int8_quantize_thread<T>(static_cast<const typename T::storage*>(x), residual, n, static_cast<char*>(chunk), 0,
+                                0, 1, 1);
 }
 
 void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk) {

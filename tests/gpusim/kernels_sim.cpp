@@ -130,6 +130,38 @@ cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsig
   });
 }
 
+cudaError_t launch_int8_quantize(const void* x, ddp_dtype_t dtype, size_t n, float* residual, void* chunk,
+                                 cudaStream_t stream) {
+  const size_t nblocks = elem::int8_blocks(n);
+  return launch_grid(nblocks, dtype, stream, [=](auto t, size_t grid, int device) {
+    typedef decltype(t) T;
+    return [=] {
+      const typename T::storage* p = static_cast<const typename T::storage*>(x);
+      if (!on_device(p, n * sizeof *p, device) || !on_device(residual, n * sizeof(float), device) ||
+          !on_device(chunk, elem::int8_chunk_bytes(n), device))
+        return check(false, device, "int8 quantize kernel: a buffer out of bounds");
+      for (size_t b = 0; b < grid; ++b)
+        for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th)
+          int8_quantize_thread<T>(p, residual, n, static_cast<char*>(chunk), b, th, kThreads, grid);
+    };
+  });
+}
+
+cudaError_t launch_int8_dequant(const void* chunks, size_t chunk_bytes, int world, size_t n, ddp_dtype_t dtype,
+                                void* out, cudaStream_t stream) {
+  return launch_grid(n, dtype, stream, [=](auto t, size_t grid, int device) {
+    typedef decltype(t) T;
+    return [=] {
+      typename T::storage* o = static_cast<typename T::storage*>(out);
+      if (!on_device(chunks, chunk_bytes * static_cast<size_t>(world), device) || !on_device(o, n * sizeof *o, device))
+        return check(false, device, "int8 dequant kernel: a buffer out of bounds");
+      for (size_t b = 0; b < grid; ++b)
+        for (size_t th = 0; th < static_cast<size_t>(kThreads); ++th)
+          int8_dequant_thread<T>(static_cast<const char*>(chunks), chunk_bytes, world, n, o, b, th, kThreads, grid);
+    };
+  });
+}
+
 cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* partials, unsigned* blocks,
                         cudaStream_t stream) {
   *blocks = n ? grid_for(n) : 0;

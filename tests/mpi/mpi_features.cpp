@@ -532,7 +532,7 @@ void test_compression(uint64_t seed) {
 }
 
 // --- the int8 wire ---------------------------------------------------------------------------------
-// Host memory only (DDP_COMPRESS_INT8): grads of per-grad magnitudes (so that blocks span grads of
+// The int8 wire (DDP_COMPRESS_INT8), host or device memory: grads of per-grad magnitudes (so that blocks span grads of
 // different scales), checked against a bound built from each 256-element block's largest magnitude on
 // each rank, this iteration's and the last one's (the rounding sent now and the one fed back).
 
@@ -587,6 +587,16 @@ std::map<std::pair<int, size_t>, double> int8_block_max(uint64_t seed, int r, in
 // checks each against the per-block bound; with `mean`, also the mean over the iterations against a
 // bound `iters` times tighter (the error feedback at work). `nan_at`: an iteration where the last
 // rank's grad 0 element 0 is NaN.
+// Frees the grad storage a case allocated (grad_alloc) when it returns; declared after the context's
+// Closer, so it runs first.
+struct Frees {
+  std::vector<void*>* ptrs;
+  ~Frees() {
+    for (void* p : *ptrs)
+      if (p) grad_free(p);
+  }
+};
+
 bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int period, bool mean, int nan_at,
                uint64_t* bytes, std::string* why) {
   std::mt19937_64 shared(seed), mine(seed * 11 + static_cast<uint64_t>(g_rank));
@@ -608,19 +618,25 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
   const Closer closer{d};
+  // m.copy[g]: the host image of grad g, written to and read back from its storage (device memory
+  // over NCCL), which the copy layout allocates here and the arena layout names.
   m.copy.resize(m.numel.size());
   m.index.resize(m.numel.size());
+  std::vector<void*> mine_storage(m.numel.size(), nullptr);
+  const Frees frees{&mine_storage};
   for (size_t g = 0; g < m.numel.size(); ++g) {
     m.copy[g].assign(m.numel[g] * ref::dsize(m.dtype[g]), 0);
-    EXPECT_OK(ddp_register_grad(d, l.arena ? nullptr : m.copy[g].data(), m.numel[g], m.dtype[g], 0, &m.index[g]));
+    if (!l.arena) mine_storage[g] = grad_alloc(m.copy[g].size());
+    EXPECT_OK(ddp_register_grad(d, mine_storage[g], m.numel[g], m.dtype[g], 0, &m.index[g]));
   }
   EXPECT_OK(ddp_commit(d));
   if (!int8_layout(d, m, why)) return false;
-  auto ptr = [&](size_t g) -> void* {
-    void* p = m.copy[g].data();
+  auto storage = [&](size_t g) -> void* {
+    void* p = mine_storage[g];
     if (l.arena) ddp_grad_ptr(d, m.index[g], &p);
     return p;
   };
+  auto ptr = [&](size_t g) -> void* { return m.copy[g].data(); };
   std::vector<std::vector<double>> sum(m.numel.size());
   for (size_t g = 0; g < m.numel.size(); ++g) sum[g].assign(m.numel[g], 0.0);
   std::vector<std::map<std::pair<int, size_t>, double>> prev(static_cast<size_t>(g_world));
@@ -632,12 +648,14 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
       for (size_t i = 0; i < m.numel[g]; ++i) ref::store(ptr(g), i, m.dtype[g], int8_input(seed, g_rank, in, m, g, i));
     }
     if (it == nan_at && g_rank == g_world - 1) ref::store(ptr(0), 0, m.dtype[0], std::nan(""));
+    for (size_t g = 0; g < m.numel.size(); ++g) grad_write(storage(g), m.copy[g]);
     std::shuffle(order.begin(), order.end(), mine);
     EXPECT_OK(ddp_begin_backward(d, nullptr));
     for (size_t g : order) EXPECT_OK(ddp_grad_ready(d, m.index[g]));
     EXPECT_OK(ddp_finish_backward(d, nullptr));
     // A learned plan is adopted at the end of iteration 0, before that iteration's reduction.
     if (it == 0 && !int8_layout(d, m, why)) return false;
+    for (size_t g = 0; g < m.numel.size(); ++g) m.copy[g] = grad_read(storage(g), m.copy[g].size());
     std::vector<char> reduced;
     for (size_t g = 0; g < m.numel.size(); ++g)
       reduced.insert(reduced.end(), static_cast<char*>(ptr(g)), static_cast<char*>(ptr(g)) + m.copy[g].size());
@@ -704,18 +722,6 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
 ddp_status_t int8_no_hook(const ddp_hook_bucket_t*, void*) { return DDP_SUCCESS; }
 
 void test_int8(uint64_t seed) {
-#if DDP_TEST_NCCL
-  {
-    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
-    cfg.compression = DDP_COMPRESS_INT8;
-    ddp_t d = nullptr;
-    std::string why;
-    const bool ok = expect_status(ddp_create(g_comm, &cfg, &d), DDP_ERR_UNSUPPORTED, "host memory only", &why);
-    ddp_destroy(d);
-    record("int8: refused on NCCL", ok, why);
-    return;
-  }
-#endif
   int n = 0;
   for (int arena = 0; arena < 2; ++arena)
     for (int plan = 0; plan < 2; ++plan) {

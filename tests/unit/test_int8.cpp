@@ -10,6 +10,7 @@
 
 #include "host/host_kernels.hpp"
 #include "kernels/elementwise.h"
+#include "kernels/kernel_bodies.h"
 
 using namespace ddp;
 
@@ -157,4 +158,31 @@ TEST_CASE("int8: the dequantized sum adds every rank's term in rank order, in th
              static_cast<float>(chunks[static_cast<size_t>(r)].q(i)) * chunks[static_cast<size_t>(r)].scale(i / 256);
     REQUIRE(out[i] == want);  // bit for bit: the same order of fp32 additions
   }
+}
+
+TEST_CASE("int8: the GPU kernels' thread bodies, run over a grid, give the host loops' bits") {
+  const size_t n = 1000;
+  const int world = 3;
+  std::vector<char> host_all, grid_all;
+  size_t cb = 0;
+  for (int r = 0; r < world; ++r) {
+    std::vector<float> x = random_floats(n, 40 + static_cast<uint32_t>(r), 2.0f);
+    std::vector<float> res_host(n, 0.01f), res_grid(n, 0.01f);
+    Chunk a(n), b(n);
+    cb = a.bytes.size();
+    host::int8_quantize(x.data(), Dtype::F32, n, res_host.data(), a.bytes.data());
+    // A grid of 2 blocks of 3 threads, every thread striding over the int8 blocks.
+    for (size_t blk = 0; blk < 2; ++blk)
+      for (size_t t = 0; t < 3; ++t)
+        kern::int8_quantize_thread<elem::F32>(x.data(), res_grid.data(), n, b.bytes.data(), blk, t, 3, 2);
+    REQUIRE(std::memcmp(a.bytes.data(), b.bytes.data(), 4 * elem::int8_blocks(n) + n) == 0);
+    REQUIRE(std::memcmp(res_host.data(), res_grid.data(), n * sizeof(float)) == 0);
+    host_all.insert(host_all.end(), a.bytes.begin(), a.bytes.end());
+  }
+  std::vector<float> out_host(n), out_grid(n);
+  host::int8_dequant_sum(host_all.data(), cb, world, n, Dtype::F32, out_host.data());
+  for (size_t blk = 0; blk < 4; ++blk)
+    for (size_t t = 0; t < 32; ++t)
+      kern::int8_dequant_thread<elem::F32>(host_all.data(), cb, world, n, out_grid.data(), blk, t, 32, 4);
+  CHECK(std::memcmp(out_host.data(), out_grid.data(), n * sizeof(float)) == 0);
 }

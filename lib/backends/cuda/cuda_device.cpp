@@ -404,6 +404,20 @@ void CudaDevice::fill_zero(void* buf, size_t n, Dtype d, Stream& s) {
   DDP_CUDA_CHECK(cudaMemsetAsync(buf, 0, n * dtype_size(d), c.stream()));
 }
 
+void CudaDevice::int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk, Stream& s) {
+  CudaStream& c = cuda(s);
+  DeviceGuard g(device_);
+  DDP_CUDA_CHECK(kern::launch_int8_quantize(x, static_cast<ddp_dtype_t>(d), n, residual, chunk, c.stream()));
+}
+
+void CudaDevice::int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out,
+                                  Stream& s) {
+  CudaStream& c = cuda(s);
+  DeviceGuard g(device_);
+  DDP_CUDA_CHECK(
+      kern::launch_int8_dequant(chunks, chunk_bytes, world, n, static_cast<ddp_dtype_t>(d), out, c.stream()));
+}
+
 void CudaDevice::reserve_flags(size_t slots) {
   if (slots <= nflags_) return;
   DeviceGuard g(device_);

@@ -103,6 +103,9 @@ class CudaDevice final : public Device {
   bool take_nonfinite(size_t slot, Stream& s) override;
   // The norm: one kernel writes per-block partials, summed on the host in block order.
   void norm_terms(const void* buf, size_t n, Dtype d, Stream& s, double out[2]) override;
+  void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk, Stream& s) override;
+  void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out,
+                        Stream& s) override;
   // One CUDA event per slot.
   void reserve_marks(size_t slots) override;
   void mark(size_t slot, Stream& s) override;
