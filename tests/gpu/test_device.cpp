@@ -181,6 +181,54 @@ GPU_TEST_CASE("cuda device: scale, fill_zero and the finiteness flag on 1 and 4 
   }
 }
 
+GPU_TEST_CASE("cuda device: the int8 wire's quantization and rank-order sum match the host backend bitwise") {
+  std::mt19937_64 rng(gt::seed() + 5);
+  CudaDevice dev(0);
+  HostDevice host;
+  std::unique_ptr<Stream> s = dev.make_stream(0), hs = host.make_stream(0);
+  for (ddp_dtype_t d : {DDP_F32, DDP_F64}) {
+    CAPTURE(gt::dname(d));
+    const size_t n = 70001;  // 274 blocks, the last one short
+    const int world = 3;
+    const size_t cb = elem::int8_chunk_bytes(n);
+    std::vector<char> host_chunks(cb * world);
+    void* dev_chunks = dev.alloc(cb * world);
+    std::vector<double> out_ref;
+    for (int r = 0; r < world; ++r) {
+      std::vector<double> v = gt::random_values(rng, n, d);
+      v[100 + static_cast<size_t>(r)] = r == 1 ? std::nan("") : v[100];  // a NaN block on rank 1
+      std::vector<float> res(n, 0.001f * static_cast<float>(r));
+      const std::vector<char> bytes = gt::encode(v, d);
+      host.int8_quantize(bytes.data(), static_cast<Dtype>(d), n, res.data(), host_chunks.data() + cb * r, *hs);
+      void* x = dev.alloc(bytes.size());
+      float* dres = static_cast<float*>(dev.alloc(n * sizeof(float)));
+      CUDA_OK(cudaMemcpy(x, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+      std::vector<float> res0(n, 0.001f * static_cast<float>(r));
+      CUDA_OK(cudaMemcpy(dres, res0.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      dev.int8_quantize(x, static_cast<Dtype>(d), n, dres, static_cast<char*>(dev_chunks) + cb * r, *s);
+      s->drain(Deadline::never());
+      std::vector<float> got_res(n);
+      CUDA_OK(cudaMemcpy(got_res.data(), dres, n * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK(std::memcmp(got_res.data(), res.data(), n * sizeof(float)) == 0);
+      dev.free(x);
+      dev.free(dres);
+    }
+    std::vector<char> got_chunks(cb * world);
+    CUDA_OK(cudaMemcpy(got_chunks.data(), dev_chunks, cb * world, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < world; ++r)  // the padding past each chunk's values is not written
+      CHECK(std::memcmp(got_chunks.data() + cb * r, host_chunks.data() + cb * r, elem::int8_blocks(n) * 4 + n) == 0);
+    std::vector<char> want(n * dsize(d)), got(n * dsize(d));
+    host.int8_dequant_sum(host_chunks.data(), cb, world, n, static_cast<Dtype>(d), want.data(), *hs);
+    void* out = dev.alloc(got.size());
+    dev.int8_dequant_sum(dev_chunks, cb, world, n, static_cast<Dtype>(d), out, *s);
+    s->drain(Deadline::never());
+    CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+    dev.free(out);
+    dev.free(dev_chunks);
+  }
+}
+
 GPU_TEST_CASE("cuda device: a host pointer in a table is refused before any kernel runs") {
   CudaDevice dev(0);
   std::unique_ptr<Stream> s = dev.make_stream(0);
