@@ -547,9 +547,11 @@ typedef struct ddp_hook_bucket {
 typedef ddp_status_t (*ddp_comm_hook_fn)(const ddp_hook_bucket_t* bucket, void* user_data);
 
 /* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. Before the first
- * backward pass (while registration is open); every rank must set one, or none. Buckets with a hook
- * are always packed into one buffer and handed over whole. Not with config.shard or
- * config.compression (DDP_ERR_INVALID_STATE). */
+ * backward pass (while registration is open); every rank must set one, or none: when registration
+ * closes (ddp_commit or the first backward) ranks that disagree all get DDP_ERR_MISMATCH, naming the
+ * ranks that set one and those that did not, and the context aborts. Buckets with a hook are always
+ * packed into one buffer and handed over whole. Not with config.shard or config.compression
+ * (DDP_ERR_INVALID_STATE). */
 DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* user_data);
 
 /* In-place allreduce on a communicator: `count` elements of a float `dtype` in the comm's memory kind

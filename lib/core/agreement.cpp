@@ -16,6 +16,8 @@ struct ConfigSummary {
 struct RegSummary {
   uint64_t hash;
   int64_t num_grads;
+  int32_t hook;  // 1: a comm hook is set (every rank sets one, or none)
+  int32_t pad;
 };
 
 struct RegEntry {
@@ -84,6 +86,16 @@ FirstDiff compare_with(const std::vector<RegEntry>& ref, const std::vector<GradS
        worst);
 }
 
+// Names the ranks on each side, identically on every rank.
+[[noreturn]] void report_hook_difference(const std::vector<RegSummary>& all) {
+  std::vector<int> with, without;
+  for (size_t r = 0; r < all.size(); ++r) (all[r].hook ? with : without).push_back(static_cast<int>(r));
+  fail(DDP_ERR_MISMATCH,
+       "ranks disagree on the comm hook: %s set one (ddp_set_comm_hook) but %s did not; every rank must set "
+       "one, or none",
+       rank_list(with).c_str(), rank_list(without).c_str());
+}
+
 }  // namespace
 
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
@@ -102,12 +114,18 @@ void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
   }
 }
 
-void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, Deadline dl) {
-  const RegSummary me{registration_hash(specs), static_cast<int64_t>(specs.size())};
+void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl) {
+  const RegSummary me{registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0, 0};
   std::vector<RegSummary> all(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all.data(), sizeof me, dl);
-  bool same = true;
-  for (const RegSummary& s : all) same = same && s.hash == all[0].hash && s.num_grads == all[0].num_grads;
+  bool same = true, same_hook = true;
+  for (const RegSummary& s : all) {
+    same = same && s.hash == all[0].hash && s.num_grads == all[0].num_grads;
+    same_hook = same_hook && s.hook == all[0].hook;
+  }
+  // Ranks with a hook would hand their buckets to it, the others to the library's allreduce: their
+  // collectives need not match. Every rank sees the same summaries, so all fail here together.
+  if (same && !same_hook) report_hook_difference(all);
   if (same) return;
   // Every rank compares itself with rank 0's list, then all learn every rank's first difference.
   std::vector<RegEntry> ref(static_cast<size_t>(all[0].num_grads));

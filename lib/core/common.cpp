@@ -43,4 +43,10 @@ void fail(ddp_status_t status, const char* fmt, ...) {
   throw Error(status, std::move(s));
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
 }  // namespace ddp

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "ddp.h"
 
@@ -54,6 +55,8 @@ class Error : public std::exception {
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 [[noreturn]] void fail(ddp_status_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+// "rank 3" or "ranks 0, 2": how messages name ranks.
+std::string rank_list(const std::vector<int>& ranks);
 
 // A point in time after which a wait gives up; "never" when the timeout is 0.
 class Deadline {

@@ -124,7 +124,7 @@ void Context::commit_locked() {
   if (state_ != State::Open) return;
   CallScope scope(this, Call::Commit);
   try {
-    agree_registration(*ctrl_, specs_, deadline());
+    agree_registration(*ctrl_, specs_, static_cast<bool>(hook_), deadline());
     ReducerEnv env;
     env.device = device_.get();
     env.comms = comms_;

@@ -32,12 +32,6 @@ std::string describe(const Position& p) {
                 call_text(p.call), p.launched, p.buckets, p.done);
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 }  // namespace
 
 Position Context::position() const {

@@ -19,6 +19,9 @@
 //              message names exactly that rank (no answer, or behind) and where the others are; the stall warning
 //              reaches the log callback once, at stall_warning_ms, with the same picture; the slow rank causes a
 //              warning and no error
+//   join-kill  uneven inputs: the last rank calls ddp_join after one iteration and is SIGKILLed inside it,
+//              while it shadows the others' iteration (run with --enable-recovery); at 4 ranks one
+//              survivor is inside ddp_join too
 //
 // Every check prints one line "RESULT <check> ok|FAIL <detail>" (from every surviving rank, or from
 // rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
@@ -68,29 +71,34 @@ void done() {
   std::fflush(stdout);
 }
 
+// Waits until `count` ranks have reached the point `what` (this one included), meeting in
+// DDP_TEST_RUN_DIR, a directory run.sh makes for each scenario; gives up after timeout_ms + 5 s.
+// Without the directory it returns at once.
+void meet(const char* what, int count) {
+  const char* dir = std::getenv("DDP_TEST_RUN_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  const std::string at = std::string(dir) + "/" + what + ".";
+  if (FILE* f = std::fopen((at + std::to_string(g_rank)).c_str(), "w")) std::fclose(f);
+  const double until = now_ms() + static_cast<double>(g_timeout_ms) + 5000.0;
+  for (;;) {
+    int seen = 0;
+    for (int r = 0; r < g_world; ++r)
+      if (FILE* f = std::fopen((at + std::to_string(r)).c_str(), "r")) {
+        std::fclose(f);
+        ++seen;
+      }
+    if (seen >= count || now_ms() > until) return;
+    usleep(10 * 1000);
+  }
+}
+
 // Leaves without MPI_Finalize (a dead or late peer can make it wait forever), but only once the
 // other `survivors` have printed DONE too: mpirun ends the job when the first rank exits without
 // finalizing, which would kill a survivor still inside its checks (over Gloo one survivor can learn
-// of the death at once and another only at its timeout). The ranks meet in DDP_TEST_RUN_DIR, a
-// directory run.sh makes for each scenario; without it a rank leaves at once.
+// of the death at once and another only at its timeout).
 [[noreturn]] void leave_with(int survivors) {
   std::fflush(stdout);
-  const char* dir = std::getenv("DDP_TEST_RUN_DIR");
-  if (dir != nullptr && *dir != '\0') {
-    const std::string mine = std::string(dir) + "/done." + std::to_string(g_rank);
-    if (FILE* f = std::fopen(mine.c_str(), "w")) std::fclose(f);
-    const double until = now_ms() + static_cast<double>(g_timeout_ms) + 5000.0;
-    for (;;) {
-      int seen = 0;
-      for (int r = 0; r < g_world; ++r)
-        if (FILE* f = std::fopen((std::string(dir) + "/done." + std::to_string(r)).c_str(), "r")) {
-          std::fclose(f);
-          ++seen;
-        }
-      if (seen >= survivors || now_ms() > until) break;
-      usleep(10 * 1000);
-    }
-  }
+  meet("done", survivors);
   _exit(0);
 }
 
@@ -796,14 +804,123 @@ int run_inspect(const std::string& kind) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Uneven inputs: a rank that has joined (ddp_join after iteration 0) is killed inside ddp_join, while
+// it shadows the others' iteration 2 with zeros. At 4 ranks and more the rank before it joins after
+// iteration 1: a survivor that is itself inside ddp_join. The survivors that train get
+// DDP_ERR_TIMEOUT from ddp_finish_backward, the joined one from ddp_join, within the bound and
+// naming exactly the dead rank; then DDP_ERR_ABORTED, and a bounded destroy.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kKillTag = 77;
+
+// One synced backward pass of every grad.
+ddp_status_t train(Ctx& x, int it) {
+  ddp_status_t s = ddp_begin_backward(x.d, nullptr);
+  if (s) return s;
+  fill(x, it);
+  for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+  return ddp_finish_backward(x.d, nullptr);
+}
+
+// Whether process `pid` (of this host: run.sh starts every rank here) has died: gone, or a zombie.
+bool has_died(int pid) {
+  char buf[512] = {0};
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return true;
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* end = std::strrchr(buf, ')');  // "pid (name) S ...": the name may hold spaces
+  return end != nullptr && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X');
+}
+
+int run_join_kill() {
+  const char* name = "join-kill";
+  const int victim = g_world - 1, joined = g_world >= 4 ? g_world - 2 : -1;
+  int victim_pid = static_cast<int>(getpid());
+  MPI_Bcast(&victim_pid, 1, MPI_INT, victim, MPI_COMM_WORLD);
+  ddp_config_t cfg = base_config();
+  cfg.uneven_inputs = DDP_UNEVEN_BY_WORLD;  // averages over the world, as verify() computes them
+  Ctx x;
+  ddp_status_t s = make_ctx(&x, cfg, 12);
+  if (!s) s = train(x, 0);  // every rank: the plan is learned
+  if (s) {
+    result(name, false, "setup: " + status_text(s));
+    return 1;
+  }
+  const int n = static_cast<int>(x.grads.size());
+  if (g_rank == victim) {
+    // Dies when rank 0 says so: by then its shadow of iteration 2 has launched every bucket, and those
+    // that rank 0 holds back cannot complete without it.
+    std::thread([] {
+      int word = 0;
+      MPI_Request req;
+      MPI_Irecv(&word, 1, MPI_INT, 0, kKillTag, MPI_COMM_WORLD, &req);
+      for (int got = 0; !got; usleep(1000)) MPI_Test(&req, &got, MPI_STATUS_IGNORE);
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }).detach();
+    s = ddp_join(x.d, nullptr);
+    result(std::string(name) + "-victim", false, "ddp_join returned before the kill -> " + status_text(s));
+    leave_with(g_world - 1);
+  }
+  // Iteration 1: the victim shadows it, contributing zeros.
+  s = train(x, 1);
+  std::string why;
+  auto gave = [victim](int r, int) { return r != victim; };
+  const bool shadowed = s == DDP_SUCCESS && verify(x, 1, gave, &why);
+  result(std::string(name) + "-shadowed", shadowed,
+         "iteration 1 with rank " + std::to_string(victim) + " joined -> " + (s ? status_text(s) : why));
+  double t0 = now_ms();
+  const char* call = "ddp_join";
+  if (g_rank == joined) {
+    s = ddp_join(x.d, nullptr);
+  } else {
+    ddp_begin_backward(x.d, nullptr);
+    fill(x, 2);
+    for (int g = n - 1; g >= n / 2; --g) ddp_grad_ready(x.d, g);  // some buckets go out
+    if (g_rank == 0) {
+      const int word = 1;
+      MPI_Send(&word, 1, MPI_INT, victim, kKillTag, MPI_COMM_WORLD);
+      // The rest go out once the victim is dead: no rank completes a bucket of them.
+      const double until = now_ms() + static_cast<double>(g_timeout_ms);
+      while (!has_died(victim_pid) && now_ms() < until) usleep(1000);
+    }
+    for (int g = n / 2 - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    t0 = now_ms();
+    call = "ddp_finish_backward";
+    s = ddp_finish_backward(x.d, nullptr);
+  }
+  const double took = now_ms() - t0;
+  const std::string msg = s ? ddp_last_error() : "";
+  const bool ok = s == DDP_ERR_TIMEOUT && took <= g_timeout_ms + kMarginMs && took >= least_wait_ms(true) &&
+                  msg.find("iteration 2") != std::string::npos && names_exactly(msg, "no answer from", victim);
+  char b[160];
+  std::snprintf(b, sizeof b, "%s after %.0f ms (timeout %lld) -> ", call, took, static_cast<long long>(g_timeout_ms));
+  result(name, ok, b + status_text(s));
+  if (g_rank == joined)
+    check_aborted(name, [&] { return ddp_join(x.d, nullptr); });
+  else
+    check_aborted(name, [&] { return ddp_begin_backward(x.d, nullptr); });
+  // A destroyed context answers no more, and would be named beside the dead rank: the survivors
+  // destroy theirs once every survivor has asked where the others are (over Gloo one learns of the
+  // death at once, another only at its timeout).
+  meet("asked", g_world - 1);
+  check_destroy(name, x.d);
+  done();
+  leave_with(g_world - 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
-                 "inspect-stall|inspect-skip|inspect-slow|shard-kill|shard-stall|gather-kill|gather-stall [seed] "
-                 "[timeout_ms]\n");
+    std::fprintf(
+        stderr,
+        "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
+        "inspect-stall|inspect-skip|inspect-slow|shard-kill|shard-stall|gather-kill|gather-stall|join-kill [seed] "
+        "[timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -846,6 +963,8 @@ int main(int argc, char** argv) {
     rc = run_gather_fault(Fault::Kill, "gather-kill");
   else if (scenario == "gather-stall")
     rc = run_gather_fault(Fault::Stall, "gather-stall");
+  else if (scenario == "join-kill")
+    rc = run_join_kill();
   else if (scenario.compare(0, 8, "inspect-") == 0)
     rc = run_inspect(scenario);
   else {

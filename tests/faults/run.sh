@@ -34,10 +34,12 @@ scenarios=(
   "shard-stall  3 3 $((2 * T / 1000 + 25)) --enable-recovery"
   "gather-kill  3 2 $((T / 1000 + 20)) --enable-recovery"
   "gather-stall 4 3 $((2 * T / 1000 + 25)) --enable-recovery"
+  "join-kill    3 2 $((T / 1000 + 20)) --enable-recovery"
+  "join-kill    4 3 $((T / 1000 + 20)) --enable-recovery"
 )
 # Over Gloo: one of each kind of fault (the local-group ones, nonfinite and unused, say nothing new).
 gloo_scenarios=" die-exit die-kill stall mismatch threads blocked inspect-kill inspect-stall inspect-skip inspect-destroy
-  shard-kill gather-stall "
+  shard-kill gather-stall join-kill "
 gloo_scenarios=" $(echo $gloo_scenarios) "
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
   echo $((20000 + RANDOM % 30000)); }

@@ -865,6 +865,33 @@ void test_hooks(uint64_t seed) {
     ddp_destroy(d);
     record("hook: a failing hook fails the iteration and aborts the context", ok, why);
   }
+  // Ranks that disagree on setting a hook (rank 0 alone, or every rank but rank 0): the first backward
+  // (which closes registration) fails on every rank, naming both sides, and the context aborts.
+  for (int alone = 1; g_world >= 2 && alone >= 0; --alone) {
+    std::string why;
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 30000;
+    ddp_t d = nullptr;
+    HookLog log;
+    std::vector<float> a(20, 1.0f);
+    int ia = 0;
+    const bool mine = (g_rank == 0) == (alone == 1);
+    std::string with = "rank 0", without = g_world == 2 ? "rank 1" : "ranks 1";
+    for (int r = 2; r < g_world; ++r) without += ", " + std::to_string(r);
+    if (!alone) std::swap(with, without);
+    bool ok = ddp_create(g_comm, &cfg, &d) == DDP_SUCCESS &&
+              (!mine || ddp_set_comm_hook(d, summing_hook, &log) == DDP_SUCCESS) &&
+              ddp_register_grad(d, a.data(), a.size(), DDP_F32, 0, &ia) == DDP_SUCCESS;
+    if (!ok) why = std::string("setup: ") + ddp_last_error();
+    ok = ok &&
+         expect_status(ddp_begin_backward(d, nullptr), DDP_ERR_MISMATCH,
+                       (with + " set one (ddp_set_comm_hook) but " + without + " did not").c_str(), &why) &&
+         expect_status(ddp_begin_backward(d, nullptr), DDP_ERR_ABORTED, "comm hook", &why) && log.calls == 0;
+    ddp_destroy(d);
+    record(std::string("hook: set on ") + (alone ? "rank 0 alone" : "every rank but rank 0") +
+               ", DDP_ERR_MISMATCH on every rank naming both sides",
+           ok, why);
+  }
   // Misuse of the hook and of ddp_comm_allreduce.
   {
     std::string why;
