@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -769,10 +770,11 @@ void test_int8(uint64_t seed) {
 
 // --- comm hooks ------------------------------------------------------------------------------------
 
+// Hooks of buckets on different streams run at once on their workers: the counts are atomic.
 struct HookLog {
-  int calls = 0;
+  std::atomic<int> calls{0};
   int fail_at = -1;  // the call that returns an error
-  size_t elements = 0;
+  std::atomic<size_t> elements{0};
 };
 
 ddp_status_t summing_hook(const ddp_hook_bucket_t* b, void* user) {
