@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/program.hpp"
 
 namespace ddp {
 
@@ -20,6 +21,8 @@ struct Settings {
   bool sharded() const { return c.shard != 0; }
   bool learned() const { return c.plan_order == DDP_PLAN_LEARNED; }
   bool unused_zero() const { return c.unused_policy == DDP_UNUSED_ZERO; }
+  // What the bucket programs are compiled from: the config's values, read here and nowhere else.
+  ProgramSettings program(int world, int rank, bool hook) const;
 };
 
 // Reads a caller's ddp_config_t (NULL: the defaults). Fields that lie wholly within config->size

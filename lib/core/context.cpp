@@ -125,23 +125,13 @@ void Context::commit_locked() {
   CallScope scope(this, Call::Commit);
   try {
     agree_registration(*ctrl_, specs_, static_cast<bool>(hook_), deadline());
-    ReducerEnv env;
+    // The reducer's settings and backend objects, owned here for the reducer's life.
+    ReducerEnv& env = reducer_env_;
     env.device = device_.get();
     env.comms = comms_;
+    env.streams.clear();
     for (auto& s : streams_) env.streams.push_back(s.get());
-    ProgramSettings& ps = env.program;
-    ps.world = world_;
-    ps.rank = rank_;
-    ps.shard = cfg_.sharded();
-    ps.arena = cfg_.arena();
-    ps.always_fp32 = (cfg_.c.allreduce_always_fp32 != 0);
-    ps.average = (cfg_.c.gradient_average != 0);
-    ps.predivide = cfg_.c.gradient_predivide_factor;
-    ps.inplace_min_numel = cfg_.c.inplace_min_numel;
-    ps.piece_bytes = cfg_.c.host_piece_bytes;
-    ps.compress = cfg_.c.compression == DDP_COMPRESS_BF16 || cfg_.c.compression == DDP_COMPRESS_FP16;
-    ps.compress_wire = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
-    ps.int8 = cfg_.c.compression == DDP_COMPRESS_INT8;
+    env.program = cfg_.program(world_, rank_, static_cast<bool>(hook_));
     env.check_finite = (cfg_.c.check_finite != 0);
     env.timeout_ms = cfg_.c.timeout_ms;
     env.hook = hook_;

@@ -125,6 +125,7 @@ class Context {
   std::vector<GradSpec> specs_;
   std::vector<void*> user_ptrs_;
   size_t total_numel_ = 0;
+  ReducerEnv reducer_env_;  // what the reducer reads (declared first: it outlives the reducer)
   std::unique_ptr<Reducer> reducer_;
   PlanLearner learner_;
   State state_ = State::Open;

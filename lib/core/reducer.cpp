@@ -56,7 +56,6 @@ void Reducer::run_step(int b, Step step) {
 }
 
 Reducer::Reducer(const ReducerEnv& env, const std::vector<GradSpec>& specs) : env_(env), specs_(specs) {
-  env_.program.hook = static_cast<bool>(env_.hook);
   divisor_ = env_.program.world;
   // Host streams run each task to completion on a worker; GPU streams run it at once on the
   // submitting thread, where it only enqueues (and so can be grouped).

@@ -146,7 +146,7 @@ class Reducer {
   std::string where(int b) const;
   void set_zero(int g, bool zero);
 
-  ReducerEnv env_;
+  const ReducerEnv& env_;  // the context's, for the reducer's life: settings flow from there
   const std::vector<GradSpec>& specs_;
   std::vector<Capabilities> caps_;  // per stream's communicator
   bool workers_ = false;            // host streams: a worker thread runs each task to completion

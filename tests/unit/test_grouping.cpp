@@ -92,12 +92,12 @@ struct Rig {
   Progress progress;
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
+  ReducerEnv env;  // the reducer reads it for its life
   std::unique_ptr<Reducer> reducer;
   Rig(bool arena, int num_streams, size_t inplace = 0, double predivide = 1.0, bool check_finite = false,
       Dtype dtype = Dtype::F32) {
     for (int i = 0; i < 4; ++i) specs.push_back(GradSpec{100, dtype, 0});
     bufs.assign(4, std::vector<float>(100));
-    ReducerEnv env;
     env.device = &device;
     for (int s = 0; s < num_streams; ++s) {
       streams.push_back(device.make_stream(s));
@@ -251,13 +251,13 @@ struct HostRig {
   Progress progress;
   std::vector<GradSpec> specs;
   std::vector<std::vector<float>> bufs;
+  ReducerEnv env;  // the reducer reads it for its life
   std::unique_ptr<Reducer> reducer;
   HostRig(size_t inplace, bool average = true, double predivide = 1.0) {
     for (size_t n : {300, 40, 60, 150}) {
       specs.push_back(GradSpec{n, Dtype::F32, 0});
       bufs.emplace_back(n);
     }
-    ReducerEnv env;
     env.device = &device;
     stream = device.make_stream(0);
     env.streams.push_back(stream.get());
