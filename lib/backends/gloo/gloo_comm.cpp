@@ -178,6 +178,7 @@ class GlooComm final : public Comm {
       host::keep_until_exit(world_);
       host::keep_until_exit(link_);
       host::keep_until_exit(ring_);
+      host::keep_until_exit(failed_);
     }
   }
 
@@ -204,15 +205,16 @@ class GlooComm final : public Comm {
     const double factor = sum_factor(red);
     const size_t es = dtype_size(d);
     if (size() == 1) return host::convert(send, d, recv, d, n, factor);
+    host::RingBuffer& ring = *ring_;  // (the lambdas below read nothing of `this`: see run_ring)
     run_ring(dl, [&](GlooRingLink& link) {
       for (size_t done = 0; done < n;) {
         const size_t k = std::min(host::kRingMaxBytes / es, n - done);
         const char* from = static_cast<const char*>(send) + done * es;
         char* to = static_cast<char*>(recv) + done * es;
-        if (k * es >= kRingMinBytes && k >= static_cast<size_t>(size()))
-          host::ring_allreduce(link, *ring_, from, to, k, d, factor);
+        if (k * es >= kRingMinBytes && k >= static_cast<size_t>(link.size()))
+          host::ring_allreduce(link, ring, from, to, k, d, factor);
         else
-          small_allreduce(link, from, to, k, d, factor);
+          small_allreduce(link, ring, from, to, k, d, factor);
         done += k;
       }
     });
@@ -221,7 +223,9 @@ class GlooComm final : public Comm {
     const double factor = sum_factor(red);
     char* p = static_cast<char*>(buf);
     if (size() == 1) return host::convert(p, d, p, d, m, factor);
-    run_ring(dl, [&](GlooRingLink& link) { host::ring_reduce_scatter(link, *ring_, p, m, d, factor, piece_bytes_); });
+    host::RingBuffer& ring = *ring_;
+    const size_t piece = piece_bytes_;
+    run_ring(dl, [&](GlooRingLink& link) { host::ring_reduce_scatter(link, ring, p, m, d, factor, piece); });
   }
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
     if (size() == 1) return;
@@ -272,35 +276,49 @@ class GlooComm final : public Comm {
   // The creation of duplicates and probers: bounded as the communicator's creation was.
   Deadline init_deadline() const { return Deadline::after_ms(world_->init_timeout_ms); }
   void usable() const {
-    if (failed_) fail(DDP_ERR_ABORTED, "rank %d: this Gloo communicator failed earlier and cannot be used", rank());
+    if (failed_->load())
+      fail(DDP_ERR_ABORTED, "rank %d: this Gloo communicator failed earlier and cannot be used", rank());
   }
   template <class F>
   void guarded(F&& f) {
+    std::shared_ptr<std::atomic<bool>> failed = failed_;
     try {
       f();
     } catch (...) {
-      failed_ = true;
+      failed->store(true);
       throw;
     }
   }
+  // A ring collective on a bucket stream's worker. The worker may be written off by its stream at the
+  // timeout and the context destroyed while it is still blocked in Gloo; when the call returns it must
+  // touch nothing of `this`: it holds the link, the ring buffer (captured by the caller) and the
+  // failure flag itself, which an aborted comm keeps until exit, and parks (BlockingCall).
   template <class F>
   void run_ring(Deadline dl, F&& f) {
     usable();
     host::BlockingCall call;        // a written-off worker parks when the call returns
     host::SigpipeBlock no_sigpipe;  // once for the ring's many Gloo calls
     std::shared_ptr<GlooRingLink> link = link_;
+    std::shared_ptr<std::atomic<bool>> failed = failed_;
     link->start(dl);
-    guarded([&] { f(*link); });
+    try {
+      f(*link);
+    } catch (...) {
+      failed->store(true);
+      throw;
+    }
   }
   // Every rank's piece gathered around the ring, then summed in rank order: the same bits everywhere.
-  void small_allreduce(GlooRingLink& link, const char* from, char* to, size_t k, Dtype d, double factor) {
+  static void small_allreduce(GlooRingLink& link, host::RingBuffer& ring, const char* from, char* to, size_t k, Dtype d,
+                              double factor) {
+    const int world = link.size();
     const size_t bytes = k * dtype_size(d);
-    char* all = ring_->ensure(bytes * static_cast<size_t>(size()));
-    std::memcpy(all + static_cast<size_t>(rank()) * bytes, from, bytes);
+    char* all = ring.ensure(bytes * static_cast<size_t>(world));
+    std::memcpy(all + static_cast<size_t>(link.rank()) * bytes, from, bytes);
     host::ring_allgather(link, all, bytes);
     host::convert(all, d, to, d, k, 1.0);
-    for (int r = 1; r < size(); ++r)
-      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == size() - 1 ? factor : 1.0);
+    for (int r = 1; r < world; ++r)
+      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == world - 1 ? factor : 1.0);
   }
   void barrier(Deadline dl) {
     gloo_call(*world_, "barrier", [&] {
@@ -317,7 +335,8 @@ class GlooComm final : public Comm {
   std::shared_ptr<GlooRingLink> link_;
   size_t piece_bytes_ = host::piece_bytes();
   int dups_ = 0;
-  bool aborted_ = false, failed_ = false;
+  bool aborted_ = false;
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 namespace {
