@@ -104,6 +104,15 @@ TEST_CASE("config: defaults, and every bad field is refused with its name") {
       {"unused_policy", [](ddp_config_t* x) { x->unused_policy = 2; }},
       {"host_piece_bytes", [](ddp_config_t* x) { x->host_piece_bytes = 4095; }},
       {"host_piece_bytes", [](ddp_config_t* x) { x->host_piece_bytes = SIZE_MAX; }},
+      {"_FP16 (2) or _INT8 (3)", [](ddp_config_t* x) { x->compression = 4; }},
+      {"compression", [](ddp_config_t* x) { x->compression = -1; }},
+      {"DDP_COMPRESS_INT8 is not available with config.shard",
+       [](ddp_config_t* x) {
+         x->compression = DDP_COMPRESS_INT8;
+         x->shard = 1;
+         x->layout = DDP_LAYOUT_ARENA;
+         x->plan_order = DDP_PLAN_REGISTRATION;
+       }},
   };
   for (const Bad& b : bad) {
     ddp_config_t x = DDP_CONFIG_INITIALIZER;
