@@ -14,8 +14,11 @@
 ##                   bindings-check: only check, naming each checked-in file that differs (CI)
 ##   help            this text
 ## Testing (each suite ends with "N passed, N failed"; make test sums them)
-##   test            every suite of SUITES (listed at the end): about 25 minutes on 2 cores
-##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line
+##   test            every suite of SUITES (listed at the end): about 30 minutes on 2 cores; first
+##                   tools/setup.sh installs the packages of tools/packages.txt that are missing (as
+##                   root on Debian; otherwise it names the command and stops)
+##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line (setup too)
+##   setup           only that step: the test suites' packages (tools/packages.txt)
 ##   suite-NAME      one suite, NAME from SUITES; suite-python-src: the Python tests on the sources
 ##   test-sanitize   every suite under ASan+UBSan ($(BUILD)/asan), the threaded ones under TSan ($(BUILD)/tsan)
 ##   test-gpusim     the gpusim suite: the CUDA backend on a simulated CUDA runtime and NCCL, no GPU needed
@@ -41,6 +44,7 @@
 ##   GLOO=auto|0|1   the Gloo communicator: auto when gloo's headers are under GLOO_HOME (default /usr)
 ##   HAVE_GLOO       1 when the Gloo communicator is built (set by mk/gloo.mk), 0 otherwise
 ##   NP_LIST         the world sizes of the multi-rank suites (default 1 2 3 4)
+##   SETUP=1|0       whether make test and test-quick run tools/setup.sh first (default 1)
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
 ##   QUICK_SUITES    the suites of make test-quick
 ##   DEMO_NP, DEMO_ARGS   make demo's ranks (2) and trainer options; EXAMPLE_CFLAGS: the trainer's flags
@@ -65,6 +69,7 @@ BUILD     ?= build
 CXX       ?= g++
 CC        ?= cc
 NP_LIST   ?= 1 2 3 4
+SETUP     ?= 1
 
 space := $(subst ,, )
 comma := ,
@@ -114,6 +119,15 @@ ifeq ($(HAVE_MPI),1)
   endif
   MPIRUN     ?= mpirun
 endif
+# The suites start more ranks than a small machine has cores, and may run as root: Open MPI refuses
+# both unless told (an mpirun of the caller's choosing that needs neither ignores these).
+ifndef OMPI_MCA_rmaps_base_oversubscribe
+  export OMPI_MCA_rmaps_base_oversubscribe := 1
+endif
+ifeq ($(shell id -u),0)
+  export OMPI_ALLOW_RUN_AS_ROOT := 1
+  export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
 
 # --- CUDA: found through nvcc ---
 ifeq ($(CUDA),auto)
@@ -152,6 +166,13 @@ ifneq ($(CUDA_BACKEND),1)
 endif
 LIB_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(LIB_CXX_SRCS)) $(LIB_EXTRA_OBJS)
 
+# What the objects were compiled with: rewritten when it changes (MPI or Gloo installed since the last
+# build, another knob), so that every object is rebuilt rather than mixed with ones built without them.
+BUILD_FLAGS := $(strip $(CXX) $(CXXFLAGS_ALL) $(MPI_CFLAGS) $(GLOO_CFLAGS) | $(LIB_CXX_SRCS) | $(LIB_LDLIBS))
+FLAGS_STAMP := $(BUILD)/flags.txt
+$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(BUILD_FLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+  printf '%s\n' '$(BUILD_FLAGS)' > $(FLAGS_STAMP); })
+
 SONAME   := libddp.so.$(MAJOR)
 SHARED   := $(BUILD)/lib/$(SONAME)
 STATIC   := $(BUILD)/lib/libddp.a
@@ -171,7 +192,7 @@ KNOBS = $(sort $(shell sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Z][A-Z0-
 all: lib
 lib: $(SHARED) $(STATIC) $(BUILD)/lib/libddp.so
 
-$(BUILD)/obj/%.o: %.cpp
+$(BUILD)/obj/%.o: %.cpp $(FLAGS_STAMP)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) $(CXXFLAGS_ALL) -DDDP_BUILDING_LIBRARY $(if $(filter lib/backends/mpi/%,$<),$(MPI_CFLAGS),) -c $< -o $@
@@ -206,7 +227,7 @@ UNIT_BIN  := $(BUILD)/tests/unit_tests
 MPI_TEST_BIN := $(BUILD)/tests/mpi_reduce
 C99_BIN   := $(BUILD)/tests/c99_api
 
-$(BUILD)/tests/unit/%.o: tests/unit/%.cpp
+$(BUILD)/tests/unit/%.o: tests/unit/%.cpp $(FLAGS_STAMP)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) $(CXXFLAGS_ALL) $(DOCTEST_CFLAGS) -Ilib -c $< -o $@
@@ -259,13 +280,21 @@ suite-mpi:
 	@echo "mpi: 0 passed, 0 failed, 1 skipped"
 endif
 
-test: lib
+# make test and test-quick first make sure the suites' packages are there (tools/setup.sh), then
+# read this Makefile again (a new make), so that what was just installed is found and built with.
+.PHONY: setup test-run test-quick-run
+setup:
+	$(Q)tools/setup.sh
+test test-quick: $(if $(filter 1,$(SETUP)),setup,)
+	$(Q)$(MAKE) --no-print-directory $@-run
+
+test-run: lib
 	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(SUITES)
 
 # A couple of minutes on 2 cores: the API and its misuse (unit, c99), the exports and the ABI, the
 # build and the install, and the multi-rank reductions at NP_LIST.
 QUICK_SUITES ?= unit c99 exports abi build install mpi
-test-quick: lib
+test-quick-run: lib
 	$(Q)BUILD=$(BUILD) tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(QUICK_SUITES)
 
 

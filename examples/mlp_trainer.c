@@ -21,19 +21,26 @@
  *   --comm gloo  host memory, reduced over Gloo (TCP), no MPI: processes started by torchrun or
  *                tools/ddp_launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); --init names
  *                another rendezvous (tcp://HOST:PORT, file:///DIR)
+ *   --comm local N ranks as threads of this one process (--ranks N, default 2) over libddp's local
+ *                group: data parallelism that needs no MPI, no Gloo and no launcher (make demo's
+ *                default when the build has neither)
  *   --comm self  one process, no MPI (reduction is the identity)
  *   --comm nccl  device memory, reduced over NCCL: the gradients are staged into CUDA device buffers
  *                layer by layer and reduced there (only in a build with -DDDP_EXAMPLE_CUDA, which
  *                links the CUDA runtime; compute stays on the host). One GPU per rank.
  *
  * Usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]
- *                    [--delay] [--comm mpi|gloo|self|nccl] [--init METHOD] [--timeline file.json] [--quiet]
+ *                    [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N] [--init METHOD]
+ *                    [--timeline file.json] [--quiet | --print-every K]
  *                    [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]
  *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
  *                  or a 16-bit wire; compare the losses with --compression none
+ *   --print-every  one loss line every K steps (default: about 8 lines in all, the first and the
+ *                  last step included); --quiet: the first and the last only
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +64,7 @@ static const int kDims[NUM_LAYERS + 1] = {INPUT_DIM, 2048, 2048, 2048, NUM_CLASS
 enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
 
 typedef struct options {
-  int steps, batch, layout, delay, quiet, optimizer, shard, compression;
+  int steps, batch, layout, delay, quiet, optimizer, shard, compression, ranks, print_every;
   size_t message_size;
   float lr;
   const char* comm;
@@ -69,7 +76,7 @@ typedef struct options {
 /* Errors                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
 
-static int g_rank = 0;
+static __thread int g_rank = 0; /* this rank's number, for messages (ranks may be threads: --comm local) */
 
 static void check(ddp_status_t s, const char* what) {
   if (s == DDP_SUCCESS) return;
@@ -254,6 +261,9 @@ static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grad
     check(ddp_comm_init_gloo(init, -1, -1, &comm), "ddp_comm_init_gloo");
   } else if (strcmp(kind, "self") == 0) {
     check(ddp_comm_init_self(&comm), "ddp_comm_init_self");
+  } else if (strcmp(kind, "local") == 0) {
+    fprintf(stderr, "--comm local makes its ranks in main() (run_local)\n");
+    exit(2);
   } else if (strcmp(kind, "nccl") == 0) {
 #ifdef DDP_EXAMPLE_CUDA
     /* One GPU per rank: the local rank picks the device (Open MPI tells it). */
@@ -272,7 +282,7 @@ static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grad
     exit(2);
 #endif
   } else {
-    fprintf(stderr, "unknown --comm '%s' (mpi, gloo, self or nccl)\n", kind);
+    fprintf(stderr, "unknown --comm '%s' (mpi, gloo, local, self or nccl)\n", kind);
     exit(2);
   }
   return comm;
@@ -351,16 +361,18 @@ static int cmp_double(const void* a, const void* b) {
 }
 
 static void usage(void) {
-  fprintf(stderr,
-          "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
-          "                   [--delay] [--comm mpi|gloo|self|nccl] [--init env://|tcp://H:P|file:///DIR]\n"
-          "                   [--timeline file.json] [--quiet]\n"
-          "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n");
+  fprintf(
+      stderr,
+      "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
+      "                   [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N]\n"
+      "                   [--init env://|tcp://H:P|file:///DIR] [--timeline file.json] [--quiet | --print-every K]\n"
+      "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n");
   exit(2);
 }
 
 static options_t parse(int argc, char** argv) {
-  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0, 0, OPT_SGD, 0, DDP_COMPRESS_NONE, 2000000, 0.05f, "mpi", NULL, "env://"};
+  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0,     0,     OPT_SGD, 0,       DDP_COMPRESS_NONE,
+                 2,  0,  2000000,          0.05f, "mpi", NULL,    "env://"};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -382,6 +394,10 @@ static options_t parse(int argc, char** argv) {
       o.message_size = (size_t)atoll(v), ++i;
     else if (!strcmp(a, "--comm"))
       o.comm = v, ++i;
+    else if (!strcmp(a, "--ranks"))
+      o.ranks = atoi(v), ++i;
+    else if (!strcmp(a, "--print-every"))
+      o.print_every = atoi(v), ++i;
     else if (!strcmp(a, "--init"))
       o.init = v, ++i;
     else if (!strcmp(a, "--timeline"))
@@ -414,7 +430,8 @@ static options_t parse(int argc, char** argv) {
     } else
       usage();
   }
-  if (o.steps < 1 || o.batch < 1 || o.message_size < 1) usage();
+  if (o.steps < 1 || o.batch < 1 || o.message_size < 1 || o.ranks < 1 || o.print_every < 0) usage();
+  if (o.print_every == 0) o.print_every = o.steps >= 8 ? o.steps / 8 : 1;
   if (o.shard && o.layout != DDP_LAYOUT_ARENA) {
     fprintf(stderr, "--shard needs --layout arena (a shard is a range of the library's arena)\n");
     exit(2);
@@ -458,11 +475,12 @@ static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
   return s;
 }
 
-int main(int argc, char** argv) {
-  options_t opt = parse(argc, argv);
+/* One rank's training over `comm` (which it consumes); returns the process's exit status. */
+static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
+  const options_t opt = *options;
   trainer_t t;
   memset(&t, 0, sizeof t);
-  ddp_comm_t comm = make_comm(opt.comm, opt.init, &t.device_grads);
+  t.device_grads = device_grads;
   check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
   check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
   g_rank = t.rank;
@@ -577,7 +595,6 @@ int main(int argc, char** argv) {
       memset(m.b[l], 0, (size_t)kDims[l + 1] * sizeof(float));
     }
   }
-  make_centres();
 
   int nb = 0;
   check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
@@ -674,7 +691,7 @@ int main(int argc, char** argv) {
       exit(1);
     }
     /* Rank 0 reports progress; the other ranks speak only when they disagree (checked above). */
-    if (t.rank == 0 && (!opt.quiet || step == 0 || step == opt.steps - 1))
+    if (t.rank == 0 && (step == 0 || step == opt.steps - 1 || (!opt.quiet && (step + 1) % opt.print_every == 0)))
       printf("step %3d/%d  loss %.6f  (%.0f ms)\n", step + 1, opt.steps, loss, 1e3 * steps_s[step]);
     if (step == 0) first_loss = loss;
     last_loss = loss;
@@ -713,15 +730,21 @@ int main(int argc, char** argv) {
            100.0 * correct_all / (seen_all > 0 ? seen_all : 1), (int)seen_all);
     printf("step time: median %.1f ms (min %.1f, max %.1f); forward+backward compute %.1f ms per step\n",
            1e3 * sorted[ns / 2], 1e3 * sorted[0], 1e3 * sorted[ns - 1], 1e3 * compute_s / opt.steps);
+    const double iters = st.iterations ? (double)st.iterations : 1.0;
+    const double comm_ms = (double)st.comm_time_ns / 1e6 / iters, exposed_ms = (double)st.exposed_time_ns / 1e6 / iters;
     printf(
-        "libddp stats (rank 0): iterations %llu, buckets reduced %llu, bytes reduced %.1f MB, comm time "
-        "%.1f ms, exposed comm time %.1f ms (%.2f ms per step, last %.2f ms), library memory %.1f MB "
-        "(arena %.1f MB)\n",
-        (unsigned long long)st.iterations, (unsigned long long)st.buckets_reduced, (double)st.bytes_reduced / 1e6,
-        (double)st.comm_time_ns / 1e6, (double)st.exposed_time_ns / 1e6,
-        (double)st.exposed_time_ns / 1e6 / (st.iterations ? (double)st.iterations : 1.0),
-        (double)st.last_exposed_ns / 1e6, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
+        "buckets: %d per step, %.1f MB reduced per step; library memory %.1f MB (of which the grads' arena %.1f MB)\n",
+        nb, (double)st.bytes_reduced / 1e6 / iters, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
+    printf(
+        "overlap: buckets in flight %.1f ms per step, %.1f ms of it exposed (ddp_finish_backward waiting): "
+        "%.0f%% hidden behind backward\n",
+        comm_ms, exposed_ms, comm_ms > 0.0 && exposed_ms < comm_ms ? 100.0 * (1.0 - exposed_ms / comm_ms) : 0.0);
     printf("ranks agree: losses and parameters identical on all %d ranks at every step\n", t.world);
+    if (opt.timeline)
+      printf(
+          "timeline: one Chrome trace per rank, %s with .rankN before its extension (merge them with "
+          "tools/merge_timeline.py; open in ui.perfetto.dev or chrome://tracing)\n",
+          opt.timeline);
   }
   int fell = last_loss < first_loss;
   check(ddp_destroy(t.ddp), "ddp_destroy");
@@ -746,4 +769,55 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+/* --comm local: the ranks are threads of this process, each with its own comm over one local group. */
+typedef struct local_rank {
+  const options_t* opt;
+  ddp_local_group_t group;
+  int rank, status;
+} local_rank_t;
+
+static void* local_rank_main(void* arg) {
+  local_rank_t* r = arg;
+  ddp_comm_t comm = NULL;
+  g_rank = r->rank;
+  check(ddp_comm_init_local(r->group, r->rank, &comm), "ddp_comm_init_local");
+  r->status = train(r->opt, comm, 0);
+  return NULL;
+}
+
+static int run_local(const options_t* opt) {
+  ddp_local_group_t group = NULL;
+  check(ddp_local_group_create(opt->ranks, &group), "ddp_local_group_create");
+  local_rank_t* ranks = calloc((size_t)opt->ranks, sizeof *ranks);
+  pthread_t* threads = calloc((size_t)opt->ranks, sizeof *threads);
+  if (!ranks || !threads) {
+    fprintf(stderr, "out of memory\n");
+    return 1;
+  }
+  int status = 0;
+  for (int r = 0; r < opt->ranks; ++r) {
+    ranks[r] = (local_rank_t){opt, group, r, 0};
+    if (pthread_create(&threads[r], NULL, local_rank_main, &ranks[r]) != 0) {
+      fprintf(stderr, "cannot start the thread of rank %d\n", r);
+      exit(1);
+    }
+  }
+  for (int r = 0; r < opt->ranks; ++r) {
+    pthread_join(threads[r], NULL);
+    if (ranks[r].status != 0) status = ranks[r].status;
+  }
+  check(ddp_local_group_destroy(group), "ddp_local_group_destroy");
+  free(ranks), free(threads);
+  return status;
+}
+
+int main(int argc, char** argv) {
+  const options_t opt = parse(argc, argv);
+  make_centres(); /* the synthetic task, shared read-only by every rank of this process */
+  if (strcmp(opt.comm, "local") == 0) return run_local(&opt);
+  int device_grads = 0;
+  ddp_comm_t comm = make_comm(opt.comm, opt.init, &device_grads);
+  return train(&opt, comm, device_grads);
 }

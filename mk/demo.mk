@@ -1,14 +1,18 @@
 # The example trainer (make demo), its timeline suite, and the benchmarks (make bench).
 # (Prerequisites name $(BUILD)/lib/libddp.so: this file is read before the Makefile defines $(SHARED).)
-#   make demo                 the MLP trainer on DEMO_NP ranks (over MPI; without it, over Gloo)
+#   make demo                 the MLP trainer on DEMO_NP ranks: over MPI; without it, over Gloo; with
+#                             neither, as threads of one process (libddp's local group, nothing to install)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
 #   make bench                the seven benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
-# Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo or self), DEMO_ARGS (extra trainer options, e.g. --layout copy --steps 50).
-# A timeline: DDP_TIMELINE=/tmp/t.json make demo writes /tmp/t.rank<N>.json per rank (Chrome trace,
-# microseconds since the epoch); tools/merge_timeline.py -o /tmp/t.merged.json /tmp/t.json merges the
-# ranks into one trace to open in ui.perfetto.dev or chrome://tracing (docs/api.md, "The timeline").
+# Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo, local or self), DEMO_ARGS (extra trainer options, e.g.
+# --layout copy --steps 50), DEMO_TIMELINE (the timeline's path, default $(BUILD)/demo/timeline.json).
+# The demo writes a timeline: DEMO_TIMELINE with .rank<N> before its extension, one Chrome trace per
+# rank (microseconds since the epoch), then merges the ranks with tools/merge_timeline.py into
+# <path>.merged.json, one trace to open in ui.perfetto.dev or chrome://tracing (docs/api.md, "The timeline").
 DEMO_NP   ?= 2
 DEMO_ARGS ?=
+DEMO_TIMELINE ?= $(BUILD)/demo/timeline.json
+DEMO_MERGED = $(basename $(DEMO_TIMELINE)).merged.json
 EXAMPLE_CFLAGS ?= -O3 -march=native -ffast-math
 DEMO_BIN  := $(BUILD)/examples/mlp_trainer
 DEMO_GPU_BIN := $(BUILD)/examples/mlp_trainer_cuda
@@ -19,34 +23,43 @@ RUN_NP     = $(MPIRUN_ENV) $(MPIRUN) --oversubscribe --bind-to none -np
 $(DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) -std=c99 -Wall -Wextra -Iinclude $(EXAMPLE_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
+	$(Q)$(CC) -std=c99 -Wall -Wextra -pthread -Iinclude $(EXAMPLE_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) -lm
 
 $(DEMO_GPU_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 	$(call say,CC,$< [cuda])
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) -std=c99 -Wall -Wextra -Iinclude -I$(CUDA_HOME)/include -DDDP_EXAMPLE_CUDA $(EXAMPLE_CFLAGS) $< -o $@ \
+	$(Q)$(CC) -std=c99 -Wall -Wextra -pthread -Iinclude -I$(CUDA_HOME)/include -DDDP_EXAMPLE_CUDA $(EXAMPLE_CFLAGS) $< -o $@ \
 	  -L$(BUILD)/lib -lddp -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(abspath $(BUILD)/lib) \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64 -lm
 
 .PHONY: demo demo-gpu examples
 examples: $(DEMO_BIN)
 
-# How make demo starts its ranks: mpi (mpirun), gloo (tools/ddp_launch, no MPI needed) or self (one
-# process). The default is the first this build has. (Recursive: HAVE_GLOO is set by mk/gloo.mk, read
-# after this file.)
-DEMO_COMM ?= $(if $(filter 1,$(HAVE_MPI)),mpi,$(if $(filter 1,$(HAVE_GLOO)),gloo,self))
-DEMO_RUN_mpi  = $(RUN_NP) $(DEMO_NP) $(DEMO_BIN) $(DEMO_ARGS)
-DEMO_RUN_gloo = tools/ddp_launch -n $(DEMO_NP) $(DEMO_BIN) --comm gloo $(DEMO_ARGS)
-DEMO_RUN_self = $(DEMO_BIN) --comm self $(DEMO_ARGS)
-DEMO_SAYS_mpi  = $(DEMO_NP) ranks over MPI (host memory)
-DEMO_SAYS_gloo = $(DEMO_NP) ranks over Gloo (host memory), started by tools/ddp_launch
-DEMO_SAYS_self = built without MPI and Gloo, so one process with the self communicator
+# How make demo starts its ranks: mpi (mpirun), gloo (tools/ddp_launch, no MPI needed), local (threads
+# of one process over libddp's local group: needs nothing installed) or self (one process, one rank).
+# The default is the first this build has, local when it has neither MPI nor Gloo. (Recursive:
+# HAVE_GLOO is set by mk/gloo.mk, read after this file.)
+DEMO_COMM ?= $(if $(filter 1,$(HAVE_MPI)),mpi,$(if $(filter 1,$(HAVE_GLOO)),gloo,local))
+DEMO_OPTS = --timeline $(DEMO_TIMELINE) $(DEMO_ARGS)
+DEMO_RUN_mpi   = $(RUN_NP) $(DEMO_NP) $(DEMO_BIN) $(DEMO_OPTS)
+DEMO_RUN_gloo  = tools/ddp_launch -n $(DEMO_NP) $(DEMO_BIN) --comm gloo $(DEMO_OPTS)
+DEMO_RUN_local = $(DEMO_BIN) --comm local --ranks $(DEMO_NP) $(DEMO_OPTS)
+DEMO_RUN_self  = $(DEMO_BIN) --comm self $(DEMO_OPTS)
+DEMO_SAYS_mpi   = $(DEMO_NP) ranks over MPI (processes started by mpirun, host memory)
+DEMO_SAYS_gloo  = $(DEMO_NP) ranks over Gloo (processes started by tools/ddp_launch, host memory)
+DEMO_SAYS_local = $(DEMO_NP) ranks as threads of one process over libddp's local group (this build has \
+  neither MPI nor Gloo; install either, e.g. make setup, for ranks as processes)
+DEMO_SAYS_self  = one process with the self communicator (no data parallelism)
 
 demo: $(DEMO_BIN)
-	$(if $(DEMO_RUN_$(DEMO_COMM)),,$(error DEMO_COMM=$(DEMO_COMM): use mpi, gloo or self))
-	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); options: DEMO_ARGS='$(DEMO_ARGS)'$(if $(DDP_TIMELINE),; timeline: $(DDP_TIMELINE) per rank,)"
+	$(if $(DEMO_RUN_$(DEMO_COMM)),,$(error DEMO_COMM=$(DEMO_COMM): use mpi, gloo, local or self))
+	@mkdir -p $(dir $(DEMO_TIMELINE))
+	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); about 15 s on 2 cores; DEMO_ARGS='$(DEMO_ARGS)'"
 	$(Q)$(DEMO_RUN_$(DEMO_COMM))
+	@if command -v python3 >/dev/null && python3 tools/merge_timeline.py -o $(DEMO_MERGED) $(DEMO_TIMELINE) >/dev/null; \
+	then echo "== timeline of every rank in one trace: $(DEMO_MERGED); open it in ui.perfetto.dev (Open trace file) or chrome://tracing"; \
+	else echo "== timeline: $(DEMO_TIMELINE) with .rankN per rank; merge with tools/merge_timeline.py (needs python3)"; fi
 	@if [ "$(HAVE_CUDA)" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "== a GPU is present: 'make demo-gpu' runs the same trainer with its grads in device memory over NCCL"; fi
 
