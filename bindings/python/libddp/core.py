@@ -1,6 +1,7 @@
 """The Pythonic layer: Comm, LocalGroup and DDP over the low layer in _lib.py."""
 import contextlib
 import ctypes
+import weakref
 from collections import namedtuple
 
 from . import _lib as L
@@ -263,6 +264,29 @@ def _host_array(ptr, n, code, shape=None):
         a = a.view(np.float16)
     return a.reshape(shape) if shape is not None else a
 
+
+class _Storage:
+    """Python-owned memory for one grad, exposed through __array_interface__: arrays made from it keep it
+    alive (their .base), and a weak reference to it says whether any of them still exists."""
+
+    __slots__ = ("raw", "__array_interface__", "__weakref__")
+
+    def __init__(self, nbytes):
+        import numpy as np
+
+        self.raw = np.zeros(max(nbytes, 1), np.uint8)
+        self.__array_interface__ = self.raw.__array_interface__
+
+    def array(self, n, code, shape):
+        import numpy as np
+
+        ct = {F16: ctypes.c_uint16, F32: ctypes.c_float, F64: ctypes.c_double}
+        if code == BF16:
+            raise InvalidArgumentError("libddp: numpy has no bfloat16; use the pointer")
+        a = np.asarray(self).view(np.float16 if code == F16 else np.dtype(ct[code]))[:n]
+        return a.reshape(shape) if shape is not None else a
+
+
 _ENUMS = {
     "layout": {"copy": L.DDP_LAYOUT_COPY, "arena": L.DDP_LAYOUT_ARENA},
     "plan_order": {"learned": L.DDP_PLAN_LEARNED, "registration": L.DDP_PLAN_REGISTRATION},
@@ -328,6 +352,12 @@ class DDP(_Handle):
         self.arena = cfg.layout == L.DDP_LAYOUT_ARENA
         self._grads = []     # (numel, dtype, is_device) per index
         self._buffers = {}   # index -> the object whose memory the library uses (copy layout)
+        # Arena layout with the learned plan: the arena moves (and its old storage is freed) at the end of
+        # the first synced backward. Arrays handed out before then are over Python-owned storage that
+        # follows the arena (see _moved, _push, _pull); index -> weakref to that _Storage.
+        self._arena_moves = (self.arena and cfg.plan_order == L.DDP_PLAN_LEARNED and not cfg.shard)
+        self._mirrors = {}
+        self._synced = True
 
     # -- registration --------------------------------------------------------------------------
     def register(self, buf=None, *, numel=None, dtype=None, trigger=False, device=False):
@@ -366,12 +396,59 @@ class DDP(_Handle):
         return p.value or 0
 
     def grad_array(self, index, shape=None):
-        """A numpy array over grad `index`'s current storage (host memory). In the arena layout with the
-        learned plan the storage moves once, after the first synced backward: take the array again then."""
+        """A numpy array over grad `index` (host memory), valid until close(). Arena layout: the library's
+        storage itself, except before the learned plan's arena has its final place (the end of the first
+        synced backward): then the array is Python-owned memory that follows the grad (written into the
+        arena at grad_ready, the reduced values read back after each synced reduction) for as long as it
+        lives; take the array again after the first synced backward, with none of before alive, for
+        zero-copy."""
+        if not 0 <= index < len(self._grads):
+            raise InvalidArgumentError("libddp: grad index %d out of range (0..%d)" % (index, len(self._grads) - 1))
         n, code, device = self._grads[index]
         if device:
             raise InvalidArgumentError("libddp: grad %d is device memory; use grad_ptr()" % index)
-        return _host_array(self.grad_ptr(index), n, code, shape)
+        ptr = self.grad_ptr(index)
+        storage = self._mirrors[index]() if index in self._mirrors else None
+        if storage is None and self._arena_moves and not self._layout_final():
+            storage = _Storage(n * _ITEMSIZE[code])
+            ctypes.memmove(storage.raw.ctypes.data, ptr, n * _ITEMSIZE[code])
+            self._mirrors[index] = weakref.ref(storage)
+        if storage is not None:
+            return storage.array(n, code, shape)
+        return _host_array(ptr, n, code, shape)
+
+    def _layout_final(self):
+        """True once the arena will not move again (the learned plan is in place); then stays true."""
+        if self._arena_moves:
+            nb, learned = ctypes.c_int(), ctypes.c_int()
+            L.lib.ddp_get_plan(self._handle(), ctypes.byref(nb), ctypes.byref(learned))
+            self._arena_moves = not learned.value
+        return not self._arena_moves
+
+    def _live_mirrors(self):
+        """(index, storage) of each array handed out before the arena's final place that is still alive."""
+        live = []
+        for i, ref in list(self._mirrors.items()):
+            storage = ref()
+            if storage is None:
+                del self._mirrors[i]
+            else:
+                live.append((i, storage))
+        return live
+
+    def _push(self, index=None):
+        """The values of the live mirror arrays (of `index`, or all) into the arena, before the library
+        reads them."""
+        for i, storage in self._live_mirrors():
+            if index is None or i == index:
+                n, code, _ = self._grads[i]
+                ctypes.memmove(self.grad_ptr(i), storage.raw.ctypes.data, n * _ITEMSIZE[code])
+
+    def _pull(self):
+        """The reduced values from the arena (wherever it is now) into the live mirror arrays."""
+        for i, storage in self._live_mirrors():
+            n, code, _ = self._grads[i]
+            ctypes.memmove(storage.raw.ctypes.data, self.grad_ptr(i), n * _ITEMSIZE[code])
 
     def set_grad(self, index, buf):
         """Copy layout: grad `index` now lives in `buf` (same numel and dtype)."""
@@ -396,6 +473,8 @@ class DDP(_Handle):
         """Grad `index` is final for this iteration (thread-safe). `buf`: its storage now (copy layout)."""
         h = self._handle()
         if buf is None:
+            if self._mirrors:
+                self._push(index)
             L.lib.ddp_grad_ready(h, index)
         else:
             ptr = self._check_buf(index, buf)
@@ -404,7 +483,19 @@ class DDP(_Handle):
 
     def finish_backward(self, stream=None):
         """Waits for every bucket (host) or makes `stream` wait (GPU); errors of any bucket raise here."""
-        L.lib.ddp_finish_backward(self._handle(), stream_ptr(stream))
+        self._reduce(L.lib.ddp_finish_backward, self._synced, stream_ptr(stream))
+
+    def _reduce(self, fn, reduces, *args):
+        """fn(handle, *args), a call after which the arena may have moved and hold reduced grads (when
+        `reduces`): the live mirror arrays read them, even when the call raised (the values kept)."""
+        try:
+            fn(self._handle(), *args)
+        finally:
+            if reduces and self._mirrors and self._h is not None:
+                try:
+                    self._pull()
+                except Exception:
+                    pass
 
     @contextlib.contextmanager
     def backward(self, stream=None):
@@ -415,6 +506,7 @@ class DDP(_Handle):
 
     def set_sync(self, enabled):
         L.lib.ddp_set_sync(self._handle(), 1 if enabled else 0)
+        self._synced = bool(enabled)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -427,7 +519,9 @@ class DDP(_Handle):
                 self.set_sync(True)
 
     def reduce_all(self, stream=None):
-        L.lib.ddp_reduce_all(self._handle(), stream_ptr(stream))
+        if self._mirrors:
+            self._push()
+        self._reduce(L.lib.ddp_reduce_all, True, stream_ptr(stream))
 
     def broadcast(self, buffers, root=0, stream=None):
         """Broadcasts each buffer (numpy array, tensor, (ptr, numel, dtype)) from `root`. Collective."""
@@ -446,7 +540,7 @@ class DDP(_Handle):
         shadows the others' iterations until every rank has joined; returns the synced iterations done
         by then (the same on every rank). Collective."""
         at = ctypes.c_int64()
-        L.lib.ddp_join(self._handle(), ctypes.byref(at))
+        self._reduce(L.lib.ddp_join, True, ctypes.byref(at))
         return at.value
 
     _HOST_OPS = {"sum": L.DDP_OP_SUM, "avg": L.DDP_OP_AVG, "max": L.DDP_OP_MAX, "min": L.DDP_OP_MIN}

@@ -76,6 +76,34 @@ def arena_layout():
         assert ddp.stats.arena_bytes > 0
 
 
+def arena_arrays_across_the_learned_plan():
+    """Arrays taken once before the loop stay the grads when the learned plan moves the arena (after the
+    first synced backward), through a no_sync accumulation too."""
+    with DDP(comm, layout="arena", message_size=400) as ddp:
+        idx = [ddp.register(numel=n, dtype=dt) for n, dt in zip(SIZES, DTYPES)]
+        arrays = [ddp.grad_array(i) for i in idx]
+        for it in range(3):
+            seed = 300 + it
+            with ddp.backward():
+                for i in reversed(idx):
+                    arrays[i][:] = data(seed, rank, SIZES[i], DTYPES[i])
+                    ddp.grad_ready(i)
+            for i in idx:
+                assert close(arrays[i], reference(seed, SIZES[i], DTYPES[i], 1.0 / world), DTYPES[i]), (it, i)
+        assert ddp.stats.layout_epoch == 1
+        with ddp.no_sync(), ddp.backward():
+            for i in reversed(idx):
+                arrays[i][:] = data(310, rank, SIZES[i], DTYPES[i])
+                ddp.grad_ready(i)
+        with ddp.backward():
+            for i in reversed(idx):
+                arrays[i][:] += data(311, rank, SIZES[i], DTYPES[i])
+                ddp.grad_ready(i)
+        for i in idx:
+            want = (reference(310, SIZES[i], DTYPES[i], 1.0) + reference(311, SIZES[i], DTYPES[i], 1.0)) / world
+            assert close(arrays[i], want, DTYPES[i]), i
+
+
 def no_sync_accumulates():
     g = np.zeros(50, np.float64)
     with DDP(comm) as ddp:
@@ -174,7 +202,7 @@ def compressed_wire():
     assert np.allclose(g, want, rtol=0, atol=amax * 1.01 / 254), np.abs(g - want).max()
 
 
-for f in (copy_layout, arena_layout, no_sync_accumulates, broadcast_from_root, host_collectives_and_join,
+for f in (copy_layout, arena_layout, arena_arrays_across_the_learned_plan, no_sync_accumulates, broadcast_from_root, host_collectives_and_join,
           compressed_wire, mismatch_raises_everywhere,
           unused_grad_error):
     scenario(f)

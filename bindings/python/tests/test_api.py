@@ -331,3 +331,70 @@ def test_sharded_context_on_one_rank():
     with pytest.raises(libddp.InvalidArgumentError, match="config.shard needs config.layout = DDP_LAYOUT_ARENA"):
         libddp.DDP(comm, shard=True)
 
+
+
+def _arena_ranks(n, body):
+    """Runs body(rank, ddp) on n thread ranks, each with an arena context of the learned plan; returns
+    their results, raising the first rank's exception."""
+    group = libddp.LocalGroup(n)
+    out, errs = [None] * n, []
+
+    def rank(r):
+        try:
+            with group.comm(r) as c, DDP(c, layout="arena", message_size=16) as d:
+                out[r] = body(r, d)
+        except Exception as e:
+            errs.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    group.close()
+    if errs:
+        raise errs[0]
+    return out
+
+
+def test_arena_arrays_taken_before_the_plan_is_learned_follow_the_arena():
+    """The numpy pattern: arrays taken once before the loop. The learned plan moves the arena at the end of
+    the first synced backward; the arrays must still be the grads (written, reduced, read) after it."""
+    def body(r, d):
+        i = d.register(numel=40, dtype="f32")
+        j = d.register(numel=3, dtype=np.float64)
+        gi, gj = d.grad_array(i), d.grad_array(j, shape=(3, 1))  # before the loop
+        seen = []
+        for step in range(4):
+            with d.backward():
+                gj[:] = 10.0 * r + step
+                d.grad_ready(j)
+                gi[:] = r + 1 + step
+                d.grad_ready(i)
+            seen.append((gi.copy(), gj.copy()))
+        assert d.stats.layout_epoch == 1
+        fresh = d.grad_array(i)                 # the same grad seen through a new array: same values
+        fresh[:] = 7.0                          # ... and one storage: writes through either are one grad
+        assert (gi == 7.0).all()
+        return seen
+
+    for seen in _arena_ranks(2, body):
+        for step, (a, b) in enumerate(seen):
+            assert np.allclose(a, 1.5 + step), (step, a)   # mean of r + 1 + step over r = 0, 1
+            assert np.allclose(b, 5.0 + step), (step, b)
+
+
+def test_arena_arrays_after_the_move_are_the_arena_itself():
+    """Arrays taken after the move (no array of before it alive) are zero-copy views of the arena."""
+    def body(r, d):
+        i = d.register(numel=8, dtype="f32")
+        d.grad_array(i)  # dropped at once
+        with d.backward():
+            d.grad_ready(i)
+        g = d.grad_array(i)
+        assert g.ctypes.data == d.grad_ptr(i)
+        with d.backward():
+            g[:] = r
+            d.grad_ready(i)
+        return g.copy()
+
+    for g in _arena_ranks(2, body):
+        assert np.allclose(g, 0.5)
