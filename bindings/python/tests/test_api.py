@@ -103,31 +103,17 @@ def test_ddp_outlives_its_comm():
 
 
 def test_four_thread_ranks_reduce_and_arena():
-    n = 4
-    group = libddp.LocalGroup(n)
-    out = [None] * n
-    errs = []
+    def body(r, d):
+        i = d.register(numel=40, dtype="f32")
+        j = d.register(numel=3, dtype=np.float64)
+        with d.backward():
+            d.grad_array(i)[:] = r + 1
+            d.grad_array(j)[:] = 10.0 * r
+            d.grad_ready(j)
+            d.grad_ready(i)
+        return d.grad_array(i).copy(), d.grad_array(j).copy()
 
-    def rank(r):
-        try:
-            with group.comm(r) as c, DDP(c, layout="arena", plan_order="registration", message_size=16) as d:
-                i = d.register(numel=40, dtype="f32")
-                j = d.register(numel=3, dtype=np.float64)
-                with d.backward():
-                    d.grad_array(i)[:] = r + 1
-                    d.grad_array(j)[:] = 10.0 * r
-                    d.grad_ready(j)
-                    d.grad_ready(i)
-                out[r] = (d.grad_array(i).copy(), d.grad_array(j).copy())
-        except Exception as e:
-            errs.append(e)
-
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    [t.start() for t in ts]
-    [t.join(60) for t in ts]
-    group.close()
-    assert not errs, errs
-    for a, b in out:
+    for a, b in _arena_ranks(4, body, plan_order="registration"):
         assert np.allclose(a, 2.5) and np.allclose(b, 15.0)
 
 
@@ -333,15 +319,15 @@ def test_sharded_context_on_one_rank():
 
 
 
-def _arena_ranks(n, body):
-    """Runs body(rank, ddp) on n thread ranks, each with an arena context of the learned plan; returns
-    their results, raising the first rank's exception."""
+def _arena_ranks(n, body, **config):
+    """Runs body(rank, ddp) on n thread ranks, each with an arena context (the learned plan unless
+    `config` says otherwise); returns their results, raising the first rank's exception."""
     group = libddp.LocalGroup(n)
     out, errs = [None] * n, []
 
     def rank(r):
         try:
-            with group.comm(r) as c, DDP(c, layout="arena", message_size=16) as d:
+            with group.comm(r) as c, DDP(c, layout="arena", message_size=16, **config) as d:
                 out[r] = body(r, d)
         except Exception as e:
             errs.append(e)
