@@ -34,8 +34,8 @@ import threading
 import torch
 
 from . import _lib as L
-from .core import DDP, Comm, dtype_code
-from .errors import DDPError, InvalidStateError, UnsupportedError
+from .core import _ENUMS, DDP, Comm, dtype_code
+from .errors import DDPError, InvalidArgumentError, InvalidStateError, UnsupportedError
 
 __all__ = ["DistributedDataParallel", "ShardedOptimizer", "default_comm"]
 
@@ -226,11 +226,24 @@ class DistributedDataParallel(torch.nn.Module):
                                  "map would be reduced into one rank's shard); use unused_policy='zero'")
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
         config.setdefault("plan_order", "registration" if self.arena else "learned")
+        uneven = config.get("uneven_inputs", "off")
+        self._uneven = _ENUMS["uneven_inputs"].get(uneven, uneven)
+        if self._uneven != L.DDP_UNEVEN_OFF and broadcast_buffers and any(b.numel() for b in module.buffers()):
+            if self._own_comm:
+                self.comm.close()
+            raise InvalidArgumentError(
+                "libddp.torch: uneven_inputs with broadcast_buffers=True and a module with buffers (%s): a rank in "
+                "join() takes no part in the buffers' broadcast before each forward, so the others would wait for it "
+                "until the timeout; create the wrapper with broadcast_buffers=False (each rank keeps its own "
+                "BatchNorm statistics), and after join() returns copy the buffers from the rank that ran every "
+                "iteration (model.ddp.broadcast(list(model.module.buffers()), root=that_rank))"
+                % ", ".join(n for n, b in module.named_buffers() if b.numel())[:200])
         self.ddp = DDP(self.comm, layout=layout, **config)
         self.find_unused = bool(find_unused_parameters)
         self.broadcast_buffers = bool(broadcast_buffers)
         self._buffers_due = True  # torch syncs buffers before the first forward too
         self._sync = True
+        self._early_exit_check = False  # inside join(throw_on_early_termination=True)
 
         if broadcast_parameters:
             with torch.no_grad():
@@ -309,8 +322,8 @@ class DistributedDataParallel(torch.nn.Module):
     def _stream(self):
         return torch.cuda.current_stream().cuda_stream if self._cuda else None
 
-    def _sync_buffers(self):
-        """Copies rank 0's buffers (any dtype) to every rank. Collective."""
+    def _sync_buffers(self, root=0):
+        """Copies `root`'s buffers (any dtype) to every rank. Collective."""
         raws, back = [], []
         with torch.no_grad():
             for b in self.module.buffers():
@@ -324,7 +337,7 @@ class DistributedDataParallel(torch.nn.Module):
                     back.append((b, t, nbytes))
                 raws.append(_raw(t))
             if raws:
-                self.ddp.broadcast(raws, root=0, stream=self._stream())
+                self.ddp.broadcast(raws, root=root, stream=self._stream())
             for b, t, nbytes in back:
                 flat = t.reshape(-1).view(torch.uint8)[:nbytes]
                 b.data.copy_(flat.view(b.dtype).view(b.shape))
@@ -500,6 +513,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     # -- the module ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        if self._early_exit_check and torch.is_grad_enabled():
+            self._check_no_rank_finished(0)
         if self.broadcast_buffers and self._buffers_due:
             self._sync_buffers()
         training = torch.is_grad_enabled()
@@ -512,6 +527,67 @@ class DistributedDataParallel(torch.nn.Module):
         # torch: buffers are synced before the next forward only after a training forward with sync on.
         self._buffers_due = training and self._sync
         return out
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """Uneven inputs, as torch's `with model.join(): for batch in my_batches: ...`. On leaving the block,
+        a rank out of batches shadows the others' iterations (ddp_join) until every rank is done, then
+        every rank takes the parameters and buffers of the rank that ran the most iterations (the highest
+        such rank), as torch does. Needs the wrapper created with uneven_inputs="by_world" (torch's
+        divide_by_initial_world_size=True: averages over the world, joined ranks counting as zeros) or
+        "by_contributors" (False: over the ranks that still have data), and with broadcast_buffers=False
+        when the module has buffers. throw_on_early_termination=True: instead, every rank raises
+        RuntimeError at the first forward pass after some rank ran out (one small allreduce per forward;
+        no uneven_inputs needed). enable=False: the block does nothing."""
+        return self._join_context(bool(divide_by_initial_world_size), bool(enable), bool(throw_on_early_termination))
+
+    @contextlib.contextmanager
+    def _join_context(self, by_world, enable, throw):
+        if not enable:
+            yield self
+            return
+        if throw:
+            self._early_exit_check = True
+            try:
+                yield self
+            finally:
+                self._early_exit_check = False
+            self._check_no_rank_finished(1)
+            return
+        want = L.DDP_UNEVEN_BY_WORLD if by_world else L.DDP_UNEVEN_BY_CONTRIBUTORS
+        if self._uneven != want:
+            raise InvalidStateError(
+                "libddp.torch: join(divide_by_initial_world_size=%s) needs the wrapper created with "
+                "uneven_inputs=%r (it is %r now): DistributedDataParallel(model, uneven_inputs=%r%s)" % (
+                    by_world, "by_world" if by_world else "by_contributors",
+                    {v: k for k, v in _ENUMS["uneven_inputs"].items()}.get(self._uneven, self._uneven),
+                    "by_world" if by_world else "by_contributors",
+                    ", broadcast_buffers=False" if any(b.numel() for b in self.module.buffers()) else ""))
+        ran = self.ddp.stats.iterations
+        yield self  # an exception in the block propagates: no join (the other ranks time out, as in torch)
+        self.ddp.join()
+        # torch's final sync: the last rank to join (the most iterations; ties: the highest rank) is the
+        # authoritative model copy.
+        world = self.comm.size
+        import numpy as np
+
+        key = self.ddp.allreduce_host(np.array([ran * world + self.comm.rank], np.int64), "max")
+        root = int(key[0] % world)
+        with torch.no_grad():
+            params = [p.data if p.is_contiguous() else p.data.contiguous() for p in self._params]
+            self.ddp.broadcast(params, root=root, stream=self._stream())
+            for p, t in zip(self._params, params):
+                if t.data_ptr() != p.data.data_ptr():
+                    p.data.copy_(t)
+        self._sync_buffers(root)
+
+    def _check_no_rank_finished(self, finished):
+        """join(throw_on_early_termination=True): one allreduce per forward; a rank out of data sends 1."""
+        import numpy as np
+
+        flag = self.ddp.allreduce_host(np.array([finished], np.int32), "sum")
+        if flag[0]:
+            raise RuntimeError("libddp.torch: rank %d: %s" % (self.comm.rank, "exhausted all inputs" if finished else
+                               "a rank exhausted all its inputs (join(throw_on_early_termination=True))"))
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -61,3 +61,12 @@ def test_docs_rust_example_is_the_crate_example():
     block = re.search(r"## Rust.*?```rust\n(.*?)```", text, re.S).group(1)
     ex = open(os.path.join(ROOT, "bindings", "rust", "libddp", "examples", "allreduce.rs")).read()
     assert block == ex
+
+
+def test_torch_join_matches_torch_ddp_on_uneven_inputs():
+    """`with model.join():` on ranks with different numbers of batches against torch DDP's (Gloo); BatchNorm
+    with broadcast_buffers=True and uneven inputs refused at once; throw_on_early_termination."""
+    pytest.importorskip("torch")
+    rc, out = mpirun(2, [PYTHON, os.path.join(HERE, "torch_join_parity.py")])
+    assert rc == 0, out
+    assert out.count("join parity ok") == 2, out

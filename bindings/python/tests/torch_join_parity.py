@@ -1,0 +1,118 @@
+"""Uneven inputs in PyTorch: libddp.torch's `with model.join():` against torch DDP's (Gloo) on ranks
+holding different numbers of batches; the final parameters must agree. Also: BatchNorm with
+broadcast_buffers=True and uneven inputs is refused at once naming the fix, and
+throw_on_early_termination raises on every rank as torch's does. Run under mpirun (needs MASTER_PORT);
+prints "join parity ok" per rank, exits 1 on a failure."""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import libddp
+import libddp.torch as ltorch
+
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+comm = libddp.Comm.mpi()
+torch.set_num_threads(1)
+failures = []
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def batches():  # rank r holds 2 + 2 r batches, different data on every rank
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)) for _ in range(2 + 2 * rank)]
+
+
+def train(model, **join):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with model.join(**join):
+        for x, y in batches():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def check(name, fn):
+    try:
+        fn()
+        print("rank %d: %s ok" % (rank, name), flush=True)
+    except Exception as e:
+        failures.append(name)
+        print("rank %d: %s FAILED: %r" % (rank, name, e), flush=True)
+
+
+def parity(by_world):
+    def run():
+        want = train(torch.nn.parallel.DistributedDataParallel(net()), divide_by_initial_world_size=by_world)
+        model = ltorch.DistributedDataParallel(net(), comm, uneven_inputs="by_world" if by_world else "by_contributors")
+        got = train(model, divide_by_initial_world_size=by_world)
+        model.close()
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item()
+    return run
+
+
+def join_needs_uneven_inputs():
+    model = ltorch.DistributedDataParallel(net(), comm)
+    try:
+        model.join().__enter__()
+    except libddp.InvalidStateError as e:
+        assert 'uneven_inputs="by_world"' in str(e) or "uneven_inputs='by_world'" in str(e), str(e)
+    else:
+        raise AssertionError("join() without uneven_inputs was accepted")
+    model.close()
+
+
+def batchnorm_with_broadcast_buffers_is_refused_at_once():
+    bn = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    t0 = time.monotonic()
+    try:
+        ltorch.DistributedDataParallel(bn, comm, uneven_inputs="by_world")
+    except libddp.InvalidArgumentError as e:
+        assert "broadcast_buffers=False" in str(e) and time.monotonic() - t0 < 10, str(e)
+    else:
+        raise AssertionError("BatchNorm with broadcast_buffers=True and uneven_inputs was accepted")
+    model = ltorch.DistributedDataParallel(bn, comm, uneven_inputs="by_world", broadcast_buffers=False)
+    train(model)  # completes on uneven batches; then every rank holds the last joiner's model
+    mine = torch.cat([t.detach().reshape(-1) for t in list(model.parameters()) + list(model.buffers())
+                      if t.dtype == torch.float32])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    assert all(torch.equal(every[0], e) for e in every)
+    model.close()
+
+
+def throws_on_early_termination():
+    for make in (lambda: torch.nn.parallel.DistributedDataParallel(net()),
+                 lambda: ltorch.DistributedDataParallel(net(), comm)):
+        model = make()
+        try:
+            train(model, throw_on_early_termination=True)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("%s: no RuntimeError" % type(model).__module__)
+        if hasattr(model, "close"):
+            model.close()
+
+
+for name, fn in (("join parity divide_by_initial_world_size=True", parity(True)),
+                 ("join parity divide_by_initial_world_size=False", parity(False)),
+                 ("join needs uneven_inputs", join_needs_uneven_inputs),
+                 ("batchnorm refused at once", batchnorm_with_broadcast_buffers_is_refused_at_once),
+                 ("throw_on_early_termination", throws_on_early_termination)):
+    check(name, fn)
+comm.close()
+print("rank %d: %s" % (rank, "join parity ok" if not failures else "FAILED: " + ", ".join(failures)), flush=True)
+sys.exit(1 if failures else 0)
