@@ -38,3 +38,8 @@ else
 suite-gloo: $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
 	$(Q)MPIRUN="$(MPIRUN)" tests/gloo/run.sh $(BUILD) none $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
 endif
+
+# The unit tests of the Gloo communicator throw Gloo's own exceptions at the Gloo communicator's mapping.
+ifeq ($(HAVE_GLOO),1)
+$(BUILD)/tests/unit/test_gloo.o: CXXFLAGS_ALL += -DDDP_TEST_HAVE_GLOO=1 $(GLOO_CFLAGS)
+endif

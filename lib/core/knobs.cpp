@@ -68,12 +68,34 @@ int64_t init_timeout_ms() {
 
 int store_port(int master_port) {
   const char* v = std::getenv("DDP_STORE_PORT");
-  if (!v || !*v) return master_port + 1;
+  if (!v || !*v) {
+    if (master_port + 1 > 65535)
+      fail(DDP_ERR_INVALID_ARGUMENT,
+           "MASTER_PORT=%d: the env:// store listens on MASTER_PORT + 1 = %d, outside 1..65535; choose a "
+           "MASTER_PORT of at most 65534, or name the store's port with DDP_STORE_PORT",
+           master_port, master_port + 1);
+    return master_port + 1;
+  }
   int64_t port = 0;
   if (!parse_integer(v, 1, 65535, &port))
     fail(DDP_ERR_INVALID_ARGUMENT, "DDP_STORE_PORT='%s' is not a port (1..65535): the env:// store listens there", v);
   return static_cast<int>(port);
 }
+
+int port(const char* what, const char* value) {
+  int64_t p = 0;
+  if (!parse_integer(value, 1, 65535, &p))
+    fail(DDP_ERR_INVALID_ARGUMENT, "%s='%s' is not a port: expected an integer in 1..65535", what, value ? value : "");
+  return static_cast<int>(p);
+}
+
+std::string job_id() {
+  const char* v = std::getenv("DDP_JOB_ID");
+  if (v && *v) return v;
+  return text("TORCHELASTIC_RUN_ID");
+}
+
+int64_t init_progress_ms() { return integer("DDP_INIT_PROGRESS_MS", 0, int64_t(1) << 62, 5000); }
 
 std::string text(const char* name) {
   const char* v = std::getenv(name);

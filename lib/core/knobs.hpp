@@ -19,8 +19,18 @@ size_t host_piece_bytes();
 uint64_t debug_every();
 // DDP_INIT_TIMEOUT_MS: the bound of communicator creation (0 .. 2^62 ms, 0 none; default 300000).
 int64_t init_timeout_ms();
-// DDP_STORE_PORT: the env:// store's port (1 .. 65535); default `master_port` + 1.
+// DDP_STORE_PORT: the env:// store's port (1 .. 65535); default `master_port` + 1, refused
+// (DDP_ERR_INVALID_ARGUMENT, saying why) when that leaves the range.
 int store_port(int master_port);
+// A port named by the environment or an init method (`what`: "MASTER_PORT", "the port of
+// tcp://HOST:PORT"): the whole value, 1 .. 65535, or DDP_ERR_INVALID_ARGUMENT naming `what` and the range.
+int port(const char* what, const char* value);
+// DDP_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID: the job a rank belongs to, checked against the
+// rendezvous store's ("" when neither is set).
+std::string job_id();
+// DDP_INIT_PROGRESS_MS: while ranks are missing at start-up, a progress line this often (0 .. 2^62 ms,
+// 0 none; default 5000).
+int64_t init_progress_ms();
 // DDP_DEBUG (read by core/log.cpp, which knows its words), DDP_TIMELINE, GLOO_SOCKET_IFNAME: text, or
 // "" when unset.
 std::string text(const char* name);

@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <errno.h>
+
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,14 +18,16 @@
 
 #include "host/tcp.hpp"
 #include "core/knobs.hpp"
+#include "core/log.hpp"
 
 namespace ddp {
 
 namespace {
 
-constexpr char kSet = 'S', kGet = 'G';
-// A request: op, u32 key length, key, and for a set u64 value length and the value. A set is answered
-// with one byte, a get (once the key exists) with u64 length and the value.
+constexpr char kSet = 'S', kGet = 'G', kClaim = 'C', kTry = 'T';
+// A request: op, u32 key length, key, and for a set or a claim u64 value length and the value. A set
+// is answered with one byte, a get (once the key exists) with u64 length and the value, a claim with
+// one byte (1: claimed; 0: followed by the value held), a try with one byte (1: followed by the value).
 
 struct Table {
   std::mutex mu;
@@ -68,28 +73,52 @@ class TcpStoreServer {
           if (stopped()) return;
         char op = 0;
         tcp::recv_all(s, &op, 1, Deadline::after_ms(60000), "store");
-        std::string key = read_blob<uint32_t>(s);
-        if (op == kSet) {
-          std::string v = read_blob<uint64_t>(s);
-          {
-            std::lock_guard<std::mutex> lock(t_.mu);
-            t_.kv[key].assign(v.begin(), v.end());
-          }
-          t_.cv.notify_all();
-          const char ack = 1;
-          tcp::send_all(s, &ack, 1, Deadline::after_ms(60000), "store");
-        } else if (op == kGet) {
-          std::vector<char> v;
-          if (!wait_key(key, &v)) return;
-          const uint64_t n = v.size();
-          tcp::send_all(s, &n, sizeof n, Deadline::after_ms(60000), "store");
-          tcp::send_all(s, v.data(), v.size(), Deadline::after_ms(60000), "store");
-        } else {
-          return;
-        }
+        if (!answer(s, op, read_blob<uint32_t>(s))) return;
       }
     } catch (const Error&) {
     }
+  }
+  // One request: false when the connection is to end.
+  bool answer(const tcp::Socket& s, char op, const std::string& key) {
+    if (op == kSet || op == kClaim) {
+      const std::string v = read_blob<uint64_t>(s);
+      std::vector<char> held;
+      char won = 1;
+      {
+        std::lock_guard<std::mutex> lock(t_.mu);
+        auto it = t_.kv.find(key);
+        if (op == kClaim && it != t_.kv.end())
+          held = it->second, won = 0;
+        else
+          t_.kv[key].assign(v.begin(), v.end());
+      }
+      t_.cv.notify_all();
+      tcp::send_all(s, &won, 1, Deadline::after_ms(60000), "store");
+      if (!won) send_value(s, held);
+      return true;
+    }
+    std::vector<char> v;
+    if (op == kGet) {
+      if (!wait_key(key, &v)) return false;
+    } else if (op == kTry) {
+      char found = 0;
+      {
+        std::lock_guard<std::mutex> lock(t_.mu);
+        auto it = t_.kv.find(key);
+        if (it != t_.kv.end()) v = it->second, found = 1;
+      }
+      tcp::send_all(s, &found, 1, Deadline::after_ms(60000), "store");
+      if (!found) return true;
+    } else {
+      return false;
+    }
+    send_value(s, v);
+    return true;
+  }
+  static void send_value(const tcp::Socket& s, const std::vector<char>& v) {
+    const uint64_t n = v.size();
+    tcp::send_all(s, &n, sizeof n, Deadline::after_ms(60000), "store");
+    tcp::send_all(s, v.data(), v.size(), Deadline::after_ms(60000), "store");
   }
   template <class Len>
   std::string read_blob(const tcp::Socket& s) {
@@ -103,7 +132,7 @@ class TcpStoreServer {
   bool wait_key(const std::string& key, std::vector<char>* out) {
     std::unique_lock<std::mutex> lock(t_.mu);
     t_.cv.wait(lock, [&] { return t_.stop || t_.kv.count(key); });
-    if (t_.stop) return false;
+    if (!t_.kv.count(key)) return false;  // stopped (a key set just before the stop is still answered)
     *out = t_.kv[key];
     return true;
   }
@@ -127,12 +156,33 @@ class TcpStore final : public Store {
     usable();
     guarded([&] {
       send_head(kSet, key, dl);
-      const uint64_t n = value.size();
-      tcp::send_all(s_, &n, sizeof n, dl, what(key));
-      tcp::send_all(s_, value.data(), value.size(), dl, what(key));
+      send_value(key, value, dl);
       char ack = 0;
       tcp::recv_all(s_, &ack, 1, dl, what(key));
     });
+  }
+  bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline dl) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    usable();
+    char won = 0;
+    guarded([&] {
+      send_head(kClaim, key, dl);
+      send_value(key, value, dl);
+      tcp::recv_all(s_, &won, 1, dl, what(key));
+      if (!won) *held = recv_value(key, dl);
+    });
+    return won == 1;
+  }
+  bool try_get(const std::string& key, std::vector<char>* out, Deadline dl) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    usable();
+    char found = 0;
+    guarded([&] {
+      send_head(kTry, key, dl);
+      tcp::recv_all(s_, &found, 1, dl, what(key));
+      if (found) *out = recv_value(key, dl);
+    });
+    return found == 1;
   }
   std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -171,6 +221,18 @@ class TcpStore final : public Store {
       throw;
     }
   }
+  void send_value(const std::string& key, const std::vector<char>& value, Deadline dl) {
+    const uint64_t n = value.size();
+    tcp::send_all(s_, &n, sizeof n, dl, what(key));
+    tcp::send_all(s_, value.data(), value.size(), dl, what(key));
+  }
+  std::vector<char> recv_value(const std::string& key, Deadline dl) {
+    uint64_t n = 0;
+    tcp::recv_all(s_, &n, sizeof n, dl, what(key));
+    std::vector<char> v(static_cast<size_t>(n));
+    tcp::recv_all(s_, v.data(), v.size(), dl, what(key));
+    return v;
+  }
   void send_head(char op, const std::string& key, Deadline dl) {
     const uint32_t n = static_cast<uint32_t>(key.size());
     tcp::send_all(s_, &op, 1, dl, what(key));
@@ -191,23 +253,37 @@ class FileStore final : public Store {
  public:
   explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
   void set(const std::string& key, const std::vector<char>& value, Deadline) override {
-    const std::string path = file(key), tmp = path + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(value.data(), static_cast<std::streamsize>(value.size()));
-      if (!f) fail(DDP_ERR_INVALID_ARGUMENT, "the rendezvous directory %s: cannot write %s", dir_.c_str(), tmp.c_str());
-    }
+    const std::string path = file(key), tmp = write_tmp(path, value);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       fail(DDP_ERR_INVALID_ARGUMENT, "the rendezvous directory %s: cannot rename %s", dir_.c_str(), tmp.c_str());
   }
+  // A hard link is made only where no file is: the first claim wins.
+  bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline dl) override {
+    const std::string path = file(key), tmp = write_tmp(path, value);
+    const bool won = ::link(tmp.c_str(), path.c_str()) == 0;
+    const int err = errno;
+    std::remove(tmp.c_str());
+    if (won) return true;
+    if (err != EEXIST)
+      fail(DDP_ERR_INVALID_ARGUMENT, "the rendezvous directory %s: cannot create %s: %s", dir_.c_str(), path.c_str(),
+           std::strerror(err));
+    held->clear();
+    try_get(key, held, dl);
+    return false;
+  }
+  bool try_get(const std::string& key, std::vector<char>* out, Deadline) override {
+    std::ifstream f(file(key), std::ios::binary);
+    if (!f) return false;
+    *out = std::vector<char>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    return true;
+  }
   std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) override {
-    const std::string path = file(key);
+    std::vector<char> v;
     for (;;) {
-      std::ifstream f(path, std::ios::binary);
-      if (f) return std::vector<char>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      if (try_get(key, &v, dl)) return v;
       if (dl.passed())
         fail(DDP_ERR_TIMEOUT, "the rendezvous in %s did not complete before the timeout: %s never arrived (no file %s)",
-             dir_.c_str(), who.c_str(), path.c_str());
+             dir_.c_str(), who.c_str(), file(key).c_str());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
@@ -219,6 +295,15 @@ class FileStore final : public Store {
     for (char& c : k)
       if (c == '/') c = '.';
     return dir_ + "/" + k;
+  }
+  // The value under a temporary name, so that a reader never sees half a value.
+  std::string write_tmp(const std::string& path, const std::vector<char>& value) const {
+    static std::atomic<unsigned> seq{0};  // ranks that are threads of one process write at once
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(seq++);
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(value.data(), static_cast<std::streamsize>(value.size()));
+    if (!f) fail(DDP_ERR_INVALID_ARGUMENT, "the rendezvous directory %s: cannot write %s", dir_.c_str(), tmp.c_str());
+    return tmp;
   }
   std::string dir_;
 };
@@ -251,14 +336,33 @@ void split_host_port(const std::string& hp, std::string* host, int* port) {
     fail(DDP_ERR_INVALID_ARGUMENT, "init method 'tcp://%s': expected tcp://HOST:PORT", hp.c_str());
   *host = hp.substr(0, colon);
   if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  *port = parse_int(hp.c_str() + colon + 1, "the port of tcp://HOST:PORT", "");
+  int64_t p = 0;
+  if (!knobs::parse_integer(hp.c_str() + colon + 1, 1, 65535, &p))
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "init method 'tcp://%s': the port '%s' is not a port: expected an integer in 1..65535", hp.c_str(),
+         hp.c_str() + colon + 1);
+  *port = static_cast<int>(p);
 }
+
+Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl);
 
 }  // namespace
 
 int env_store_port(int master_port) { return knobs::store_port(master_port); }
 
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl) {
+  return open_rendezvous(init_method, rank, size, dl, knobs::job_id());
+}
+
+Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl, const std::string& job) {
+  Rendezvous rv = open_store(init_method, rank, size, dl);
+  join_rendezvous(rv, job, dl);
+  return rv;
+}
+
+namespace {
+
+Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl) {
   std::string m = init_method && *init_method ? init_method : "env://";
   Rendezvous rv;
   rv.rank = rank >= 0 ? rank : parse_int(std::getenv("RANK"), "RANK", kEnvHint);
@@ -268,7 +372,9 @@ Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline
   if (m == "env://") {
     const char* addr = std::getenv("MASTER_ADDR");
     if (!addr || !*addr) fail(DDP_ERR_INVALID_ARGUMENT, "MASTER_ADDR is not set%s", kEnvHint);
-    const int port = env_store_port(parse_int(std::getenv("MASTER_PORT"), "MASTER_PORT", kEnvHint));
+    const char* master_port = std::getenv("MASTER_PORT");
+    if (!master_port || !*master_port) fail(DDP_ERR_INVALID_ARGUMENT, "MASTER_PORT is not set%s", kEnvHint);
+    const int port = env_store_port(knobs::port("MASTER_PORT", master_port));
     rv.store = open_tcp(addr, port, rv.rank, dl, &rv.host);
     rv.describe = "env:// (" + std::string(addr) + ":" + std::to_string(port) + ")";
   } else if (m.compare(0, 6, "tcp://") == 0) {
@@ -292,6 +398,232 @@ Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline
          m.c_str());
   }
   return rv;
+}
+
+// --- The arrival (join_rendezvous) ---
+// rank 0 claims kJobKey with its arrival (the job's id and WORLD_SIZE); every other rank reads it,
+// checks its own against it and claims its rank's key; rank 0 polls those keys, and the refusals and
+// strays, until every rank arrived, then sets the verdict every rank waits for: 'K' (go on), or 'M'
+// (refused) or 'T' (timed out) and the message.
+constexpr const char* kJobKey = "ddp/job";
+constexpr const char* kVerdictKey = "ddp/verdict";
+constexpr const char* kRefusedKey = "ddp/refused";  // the first refusal a rank met, for rank 0
+constexpr int kStraySlots = 16;                     // ranks of other jobs, for rank 0's warning
+
+std::string arrive_key(int r) { return "ddp/arrive/" + std::to_string(r); }
+std::string stray_key(int i) { return "ddp/stray/" + std::to_string(i); }
+std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+
+struct Arrival {
+  int rank = -1, world = 0;
+  long pid = 0;
+  std::string host, job;
+};
+
+std::vector<char> encode(const Arrival& a) {
+  return bytes(format("%d\n%d\n%ld\n%s\n", a.rank, a.world, a.pid, a.host.c_str()) + a.job);
+}
+
+Arrival decode(const std::vector<char>& v) {
+  const std::string s(v.begin(), v.end());
+  size_t at = 0;
+  auto field = [&] {
+    const size_t nl = std::min(s.find('\n', at), s.size());
+    std::string f = s.substr(at, nl - at);
+    at = std::min(nl + 1, s.size());
+    return f;
+  };
+  Arrival a;
+  a.rank = std::atoi(field().c_str());
+  a.world = std::atoi(field().c_str());
+  a.pid = std::atol(field().c_str());
+  a.host = field();
+  a.job = s.substr(at);
+  return a;
+}
+
+std::string job_name(const std::string& job) { return job.empty() ? "no job id" : "job '" + job + "'"; }
+
+// "rank 2 (job 'x', WORLD_SIZE=4, host h, pid 12)"
+std::string who(const Arrival& a) {
+  return format("rank %d (%s, WORLD_SIZE=%d, host %s, pid %ld)", a.rank, job_name(a.job).c_str(), a.world,
+                a.host.c_str(), a.pid);
+}
+
+Arrival this_rank(const Rendezvous& rv, const std::string& job) {
+  Arrival a;
+  a.rank = rv.rank;
+  a.world = rv.size;
+  a.pid = static_cast<long>(::getpid());
+  char h[256] = "";
+  ::gethostname(h, sizeof h - 1);
+  a.host = h;
+  a.job = job;
+  return a;
+}
+
+// "rank 2", "ranks 1-3, 7"
+std::string rank_list(const std::vector<int>& rs) {
+  std::string out;
+  for (size_t i = 0; i < rs.size();) {
+    size_t j = i;
+    while (j + 1 < rs.size() && rs[j + 1] == rs[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(rs[i]) + (j > i ? "-" + std::to_string(rs[j]) : "");
+    i = j + 1;
+  }
+  return (rs.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+// A refusal met by a rank other than 0: told to rank 0 (which refuses the whole rendezvous), then thrown.
+[[noreturn]] void refuse(Store& st, const std::string& why, Deadline dl) {
+  std::vector<char> held;
+  try {
+    st.claim(kRefusedKey, bytes(why), &held, dl);
+  } catch (const Error&) {
+  }
+  fail(DDP_ERR_MISMATCH, "%s", why.c_str());
+}
+
+// A rank of another job: refused, and named to rank 0, which warns and goes on waiting for its own.
+[[noreturn]] void refuse_stray(Store& st, const Rendezvous& rv, const Arrival& mine, const Arrival& owner,
+                               Deadline dl) {
+  const std::string why = format(
+      "%s reached the rendezvous at %s, which belongs to %s (rank 0 is %s): refused; two jobs meet at one "
+      "address (give each job its own MASTER_PORT or init method)",
+      who(mine).c_str(), rv.describe.c_str(), job_name(owner.job).c_str(), who(owner).c_str());
+  std::vector<char> held;
+  try {
+    for (int i = 0; i < kStraySlots && !st.claim(stray_key(i), bytes(why), &held, dl); ++i) {
+    }
+  } catch (const Error&) {
+  }
+  fail(DDP_ERR_MISMATCH, "%s", why.c_str());
+}
+
+[[noreturn]] void fail_verdict(const std::string& verdict, int rank) {
+  fail(verdict[0] == 'T' ? DDP_ERR_TIMEOUT : DDP_ERR_MISMATCH, "rank %d: %s", rank, verdict.c_str() + 1);
+}
+
+void join_as_member(const Rendezvous& rv, const Arrival& mine, Deadline dl) {
+  Store& st = *rv.store;
+  const Arrival owner = decode(st.get(kJobKey, dl, "rank 0"));
+  if (owner.job != mine.job) refuse_stray(st, rv, mine, owner, dl);
+  if (owner.world != mine.world)
+    refuse(st,
+           format("the rendezvous at %s: WORLD_SIZE differs between ranks: rank 0 has WORLD_SIZE=%d (%s), rank %d has "
+                  "WORLD_SIZE=%d (%s)%s; start every rank with the same WORLD_SIZE",
+                  rv.describe.c_str(), owner.world, who(owner).c_str(), mine.rank, mine.world, who(mine).c_str(),
+                  mine.rank >= owner.world ? format(", a rank beyond rank 0's world of %d", owner.world).c_str() : ""),
+           dl);
+  std::vector<char> held;
+  if (!st.claim(arrive_key(mine.rank), encode(mine), &held, dl))
+    refuse(st,
+           format("the rendezvous at %s: rank %d is claimed twice: by %s, which arrived first, and by %s; every "
+                  "process needs a rank of its own",
+                  rv.describe.c_str(), mine.rank, who(decode(held)).c_str(), who(mine).c_str()),
+           dl);
+  const std::vector<char> v = st.get(kVerdictKey, dl, "one of the other ranks (rank 0's message names which)");
+  const std::string verdict(v.begin(), v.end());
+  if (verdict.empty() || verdict[0] != 'K') fail_verdict(verdict.empty() ? "M(empty verdict)" : verdict, mine.rank);
+}
+
+// Rank 0's view of the arrival.
+struct Waiting {
+  std::vector<bool> arrived;
+  int count = 1, strays = 0;
+  Deadline::Clock::time_point t0 = Deadline::Clock::now();
+  int64_t next_progress_ms = 0;
+  std::vector<int> missing() const {
+    std::vector<int> m;
+    for (size_t r = 0; r < arrived.size(); ++r)
+      if (!arrived[r]) m.push_back(static_cast<int>(r));
+    return m;
+  }
+  int64_t waited_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - t0).count();
+  }
+};
+
+void poll_arrivals(Store& st, const Rendezvous& rv, Waiting& w, Deadline dl) {
+  std::vector<char> v;
+  for (int r = 1; r < rv.size; ++r)
+    if (!w.arrived[r] && st.try_get(arrive_key(r), &v, dl)) w.arrived[r] = true, ++w.count;
+  while (w.strays < kStraySlots && st.try_get(stray_key(w.strays), &v, dl)) {
+    ++w.strays;
+    log(DDP_LOG_WARN, "a rank of another job was turned away: %s", std::string(v.begin(), v.end()).c_str());
+  }
+}
+
+std::string seconds(int64_t ms) {
+  return ms < 10000 ? format("%.1f s", static_cast<double>(ms) / 1000) : format("%lld s", (long long)(ms + 500) / 1000);
+}
+
+// Every DDP_INIT_PROGRESS_MS: who is still missing, through the log (a warning: seen by default).
+void report_progress(const Rendezvous& rv, Waiting& w, Deadline dl) {
+  const int64_t every = knobs::init_progress_ms(), waited = w.waited_ms();
+  if (every <= 0 || waited < w.next_progress_ms + every) return;
+  w.next_progress_ms = waited - waited % every;
+  const std::string bound =
+      dl.infinite() ? "no bound"
+                    : "of " + seconds(std::chrono::duration_cast<std::chrono::milliseconds>(dl.at() - w.t0).count());
+  log(DDP_LOG_WARN, "waiting for ranks at %s: %d of %d arrived; missing %s (waited %s %s)", rv.describe.c_str(),
+      w.count, rv.size, rank_list(w.missing()).c_str(), seconds(waited).c_str(), bound.c_str());
+}
+
+[[noreturn]] void give_verdict(Store& st, char kind, const std::string& why, Deadline dl) {
+  try {
+    st.set(kVerdictKey, bytes(std::string(1, kind) + why), dl);
+  } catch (const Error&) {
+  }
+  fail(kind == 'T' ? DDP_ERR_TIMEOUT : DDP_ERR_MISMATCH, "rank 0: %s", why.c_str());
+}
+
+void join_as_owner(const Rendezvous& rv, const Arrival& mine, Deadline dl) {
+  Store& st = *rv.store;
+  std::vector<char> held;
+  if (!st.claim(kJobKey, encode(mine), &held, dl))
+    fail(DDP_ERR_MISMATCH,
+         "the rendezvous at %s: rank 0 is claimed twice: by %s, which arrived first, and by %s (a rendezvous "
+         "directory must be empty when a job starts)",
+         rv.describe.c_str(), who(decode(held)).c_str(), who(mine).c_str());
+  Waiting w;
+  w.arrived.assign(static_cast<size_t>(rv.size), false);
+  w.arrived[0] = true;
+  for (;;) {
+    poll_arrivals(st, rv, w, dl);
+    std::vector<char> refused;
+    if (st.try_get(kRefusedKey, &refused, dl))
+      give_verdict(st, 'M', std::string(refused.begin(), refused.end()) + " (the rendezvous is refused on every rank)",
+                   dl);
+    if (w.count == rv.size) break;
+    if (dl.passed())
+      give_verdict(st, 'T',
+                   format("the rendezvous at %s did not complete before the timeout: %s never arrived (%d of %d "
+                          "arrived)",
+                          rv.describe.c_str(), rank_list(w.missing()).c_str(), w.count, rv.size),
+                   dl);
+    report_progress(rv, w, dl);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  st.set(kVerdictKey, bytes("K"), dl);
+}
+
+}  // namespace
+
+void join_rendezvous(const Rendezvous& rv, const std::string& job, Deadline dl) {
+  const Arrival mine = this_rank(rv, job);
+  if (rv.rank == 0)
+    join_as_owner(rv, mine, dl);
+  else
+    join_as_member(rv, mine, dl);
+}
+
+void settle_rendezvous(const Rendezvous& rv) {
+  if (rv.rank != 0) return;
+  Store& st = *rv.store;
+  for (const std::string& k : {std::string(kJobKey), std::string(kVerdictKey), std::string(kRefusedKey)}) st.erase(k);
+  for (int r = 1; r < rv.size; ++r) st.erase(arrive_key(r));
+  for (int i = 0; i < kStraySlots; ++i) st.erase(stray_key(i));
 }
 
 }  // namespace ddp

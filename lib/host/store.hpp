@@ -20,6 +20,11 @@ class Store {
   // Waits until `key` is set, then returns its value. Throws DDP_ERR_TIMEOUT at the deadline,
   // saying that `who` never set it.
   virtual std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) = 0;
+  // Sets `key` to `value` unless it is set already, atomically among the ranks: true when this call
+  // set it; false, with the value it holds in *held, when it was set before.
+  virtual bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline dl) = 0;
+  // The value of `key` if it is set now, without waiting.
+  virtual bool try_get(const std::string& key, std::vector<char>* out, Deadline dl) = 0;
   // Forgets a key (a file store's files would otherwise outlive the job).
   virtual void erase(const std::string& key) {}
 };
@@ -35,8 +40,22 @@ struct Rendezvous {
 
 // Opens the store named by `init_method` (NULL or "" means "env://"). `rank` and `size` < 0 are read
 // from RANK and WORLD_SIZE. Rank 0 of a TCP store listens; the others connect, trying until `dl`.
-// Throws DDP_ERR_INVALID_ARGUMENT for a malformed method or a missing variable, saying how to fix it.
+// Throws DDP_ERR_INVALID_ARGUMENT for a malformed method, a port outside 1..65535 or a missing
+// variable, saying how to fix it. Then every rank arrives (join_rendezvous) as `job` (default:
+// knobs::job_id(), the launcher's DDP_JOB_ID or torchrun's TORCHELASTIC_RUN_ID).
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl);
+Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl, const std::string& job);
+
+// The arrival: rank 0 publishes its job id and WORLD_SIZE, every other rank checks its own against
+// them and claims its rank number; rank 0 waits until every rank of the world has arrived (a progress
+// line through the log every DDP_INIT_PROGRESS_MS meanwhile) and tells them all to go on. Refused with
+// DDP_ERR_MISMATCH, naming the ranks, hosts and processes: a rank of another job (that rank only; rank 0
+// warns), a WORLD_SIZE that differs from rank 0's, a rank beyond the world, a rank number claimed
+// twice (those and every rank of the job). DDP_ERR_TIMEOUT at `dl`, naming the ranks that never came.
+void join_rendezvous(const Rendezvous& rv, const std::string& job, Deadline dl);
+// Once every rank has passed its arrival (after a barrier over the communicator made): rank 0 erases
+// the arrival's keys. Once per rendezvous.
+void settle_rendezvous(const Rendezvous& rv);
 
 // The port the TCP store of env:// listens on: DDP_STORE_PORT if set, else MASTER_PORT + 1 (MASTER_PORT
 // itself belongs to torchrun's or torch.distributed's own store in the same job).

@@ -1,6 +1,10 @@
 // The Gloo communicator inside one process: every bad init method and argument with its status and
 // message, a rendezvous that a rank never joins (bounded, naming the rank), and ranks as threads that
-// meet over tcp:// and file:// and reduce exactly. Multi-process runs are in tests/gloo.
+// meet over tcp:// and file:// and reduce exactly. The rendezvous's arrival (host/store.hpp), ranks as
+// threads each given its job id: ranks of two jobs at one address, a rank number claimed twice,
+// WORLD_SIZE that differs between ranks, a rank beyond the world, ports out of range, the progress
+// line while a rank is missing; and how Gloo's exceptions are reported. Multi-process runs are in
+// tests/gloo.
 #include <doctest.h>
 
 #include <netinet/in.h>
@@ -12,11 +16,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backends/gloo/gloo_errors.hpp"
+#include "core/common.hpp"
 #include "ddp.h"
+#include "host/store.hpp"
+
+#ifdef DDP_TEST_HAVE_GLOO
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#endif
 
 namespace {
 
@@ -119,6 +132,61 @@ struct EnvGuard {  // restores the variables a test changes
   }
 };
 
+// One rank's arrival on a thread: its status and message once it returns.
+struct Rank {
+  ddp_status_t status = DDP_SUCCESS;
+  std::string message;
+  double seconds = 0;
+  ddp::Rendezvous rv;  // kept until the test is done with every rank (rank 0's store serves them)
+  std::thread t;
+  Rank(const std::string& method, int rank, int size, const std::string& job, int64_t timeout_ms = 10000) {
+    t = std::thread([=] {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        rv = ddp::open_rendezvous(method.c_str(), rank, size, ddp::Deadline::after_ms(timeout_ms), job);
+      } catch (const ddp::Error& e) {
+        status = e.status();
+        message = e.what();
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  void join() {
+    if (t.joinable()) t.join();
+  }
+  ~Rank() { join(); }
+};
+
+void expect_rank(const Rank& r, ddp_status_t want, std::vector<std::string> needles) {
+  INFO("message: " << r.message);
+  CHECK(r.status == want);
+  for (const std::string& n : needles) CHECK(r.message.find(n) != std::string::npos);
+}
+
+std::mutex g_log_mu;
+std::vector<std::string> g_logged;
+
+struct LogScope {  // collects the log while it lives
+  LogScope() {
+    g_logged.clear();
+    ddp_set_log_callback(
+        [](ddp_log_level_t level, const char* m, void*) {
+          std::lock_guard<std::mutex> lock(g_log_mu);
+          g_logged.push_back(std::string(level == DDP_LOG_WARN ? "W " : "I ") + m);
+        },
+        nullptr);
+  }
+  ~LogScope() { ddp_set_log_callback(nullptr, nullptr); }
+  static std::string find(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    for (const std::string& l : g_logged)
+      if (l.find(needle) != std::string::npos) return l;
+    return "";
+  }
+};
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
 }  // namespace
 
 TEST_CASE("gloo: bad init methods and arguments are refused, saying why") {
@@ -129,7 +197,8 @@ TEST_CASE("gloo: bad init methods and arguments are refused, saying why") {
   }
   expect(ddp_comm_init_gloo("bogus://x", 0, 1, &c), DDP_ERR_INVALID_ARGUMENT, "unknown init method 'bogus://x'");
   expect(ddp_comm_init_gloo("tcp://nohost", 0, 1, &c), DDP_ERR_INVALID_ARGUMENT, "expected tcp://HOST:PORT");
-  expect(ddp_comm_init_gloo("tcp://127.0.0.1:port", 0, 1, &c), DDP_ERR_INVALID_ARGUMENT, "not a non-negative integer");
+  expect(ddp_comm_init_gloo("tcp://127.0.0.1:port", 0, 1, &c), DDP_ERR_INVALID_ARGUMENT,
+         "the port 'port' is not a port: expected an integer in 1..65535");
   expect(ddp_comm_init_gloo("file:///no/such/dir", 0, 1, &c), DDP_ERR_INVALID_ARGUMENT, "is not a directory");
   expect(ddp_comm_init_gloo("env://", 2, 2, &c), DDP_ERR_INVALID_ARGUMENT, "rank 2 out of range 0..1");
   expect(ddp_comm_init_gloo("env://", 0, 0, &c), DDP_ERR_INVALID_ARGUMENT, "size is 0");
@@ -230,4 +299,200 @@ TEST_CASE("gloo: env:// reads the launcher's variables; a second comm meets over
   CHECK(reduce_known(0, a));
   ddp_comm_destroy(a);
   ddp_comm_destroy(b);
+}
+
+TEST_CASE("rendezvous: a rank of another job at the same address is refused by name; the job goes on") {
+  LogScope log;
+  for (const std::string& method : {tcp_method(), std::string()}) {
+    std::string m = method, dir;
+    if (m.empty()) {
+      char d[] = "/tmp/ddp_rv_XXXXXX";
+      REQUIRE(mkdtemp(d));
+      dir = d;
+      m = "file://" + dir;
+    }
+    INFO("method " << m);
+    Rank r0(m, 0, 2, "jobB");
+    Rank stray(m, 1, 2, "jobA");  // job A's rank 1, started by hand on job B's port
+    stray.join();
+    expect_rank(stray, DDP_ERR_MISMATCH,
+                {"rank 1 (job 'jobA', WORLD_SIZE=2, host ", "belongs to job 'jobB'", "refused"});
+    Rank r1(m, 1, 2, "jobB");
+    r0.join();
+    r1.join();
+    expect_rank(r0, DDP_SUCCESS, {});
+    expect_rank(r1, DDP_SUCCESS, {});
+    CHECK(LogScope::find("a rank of another job was turned away: rank 1 (job 'jobA'") != "");
+    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+  }
+  // A rank with no job id at a job's store, and the other way round.
+  const std::string m = tcp_method();
+  Rank r0(m, 0, 2, "");
+  Rank stray(m, 1, 2, "jobA");
+  stray.join();
+  expect_rank(stray, DDP_ERR_MISMATCH, {"job 'jobA'", "belongs to no job id"});
+  Rank r1(m, 1, 2, "");
+  r0.join();
+  r1.join();
+  expect_rank(r0, DDP_SUCCESS, {});
+}
+
+TEST_CASE("rendezvous: a rank number claimed twice is refused on every rank, naming both processes") {
+  const std::string m = tcp_method();
+  Rank r0(m, 0, 3, "j");
+  Rank first(m, 1, 3, "j");
+  sleep_ms(300);  // rank 1 has arrived; rank 2 never does
+  Rank second(m, 1, 3, "j");
+  for (Rank* r : {&r0, &first, &second}) {
+    r->join();
+    expect_rank(*r, DDP_ERR_MISMATCH,
+                {"rank 1 is claimed twice: by rank 1 (job 'j', WORLD_SIZE=3", "which arrived first"});
+    CHECK(r->seconds < 5);  // at once, not at the 10 s bound
+  }
+  CHECK(second.message.find("the rendezvous is refused on every rank") == std::string::npos);
+  CHECK(r0.message.find("the rendezvous is refused on every rank") != std::string::npos);
+  // Rank 0 twice in one directory (a file store has no listener to refuse the second).
+  char d[] = "/tmp/ddp_rv_XXXXXX";
+  REQUIRE(mkdtemp(d));
+  const std::string f = std::string("file://") + d;
+  Rank a(f, 0, 2, "j");
+  sleep_ms(200);
+  Rank b(f, 0, 2, "j");
+  b.join();
+  expect_rank(b, DDP_ERR_MISMATCH, {"rank 0 is claimed twice"});
+  Rank c(f, 1, 2, "j");
+  a.join();
+  c.join();
+  expect_rank(a, DDP_SUCCESS, {});
+  std::system((std::string("rm -rf ") + d).c_str());
+}
+
+TEST_CASE("rendezvous: WORLD_SIZE that differs between ranks is refused at once, naming each rank's") {
+  const std::string m = tcp_method();
+  Rank r0(m, 0, 3, "j");
+  Rank r1(m, 1, 2, "j");
+  for (Rank* r : {&r0, &r1}) {
+    r->join();
+    expect_rank(*r, DDP_ERR_MISMATCH,
+                {"WORLD_SIZE differs between ranks: rank 0 has WORLD_SIZE=3", "rank 1 has WORLD_SIZE=2"});
+    CHECK(r->seconds < 5);
+  }
+  // A rank beyond rank 0's world.
+  const std::string m2 = tcp_method();
+  Rank s0(m2, 0, 2, "j");
+  Rank s3(m2, 3, 4, "j");
+  for (Rank* r : {&s0, &s3}) {
+    r->join();
+    expect_rank(*r, DDP_ERR_MISMATCH, {"rank 3 has WORLD_SIZE=4", "a rank beyond rank 0's world of 2"});
+    CHECK(r->seconds < 5);
+  }
+}
+
+TEST_CASE("rendezvous: WORLD_SIZE mismatch through ddp_comm_init_gloo is DDP_ERR_MISMATCH, not Gloo's timeout") {
+  ddp_comm_t probe = nullptr;
+  if (ddp_comm_init_gloo("bogus://", 0, 1, &probe) == DDP_ERR_UNSUPPORTED) return;
+  const std::string m = tcp_method();
+  ddp_status_t s0 = DDP_SUCCESS, s1 = DDP_SUCCESS;
+  std::string m0, m1;
+  std::thread a([&] {
+    ddp_comm_t c = nullptr;
+    s0 = ddp_comm_init_gloo_timeout(m.c_str(), 0, 3, 10000, &c);
+    m0 = ddp_last_error();
+  });
+  std::thread b([&] {
+    ddp_comm_t c = nullptr;
+    s1 = ddp_comm_init_gloo_timeout(m.c_str(), 1, 2, 10000, &c);
+    m1 = ddp_last_error();
+  });
+  a.join();
+  b.join();
+  INFO(m0 << " | " << m1);
+  CHECK(s0 == DDP_ERR_MISMATCH);
+  CHECK(s1 == DDP_ERR_MISMATCH);
+  CHECK(m1.find("rank 0 has WORLD_SIZE=3") != std::string::npos);
+  CHECK(m1.find("rank 1 has WORLD_SIZE=2") != std::string::npos);
+}
+
+TEST_CASE("rendezvous: ports out of range are refused at once, naming the variable or method and the range") {
+  ddp_comm_t c = nullptr;
+  if (ddp_comm_init_gloo("bogus://", 0, 1, &c) == DDP_ERR_UNSUPPORTED) return;
+  auto quick = [&](const char* method, const char* needle) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ddp_status_t s = ddp_comm_init_gloo_timeout(method, 1, 2, 5000, &c);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = ddp_last_error();
+    INFO(method << ": " << msg);
+    CHECK(s == DDP_ERR_INVALID_ARGUMENT);
+    CHECK(msg.find(needle) != std::string::npos);
+    CHECK(secs < 1);
+  };
+  for (const char* p : {"70000", "0", "-1", "abc", "65536", ""}) {
+    const std::string m = std::string("tcp://127.0.0.1:") + p;
+    quick(m.c_str(), (std::string("the port '") + p + "' is not a port: expected an integer in 1..65535").c_str());
+  }
+  EnvGuard env;
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("DDP_STORE_PORT", nullptr);
+  for (const char* p : {"70000", "0", "-1", "abc", "65536"}) {
+    env.set("MASTER_PORT", p);
+    quick("env://", (std::string("MASTER_PORT='") + p + "' is not a port: expected an integer in 1..65535").c_str());
+  }
+  env.set("MASTER_PORT", "65535");  // the store's port would be 65536
+  quick("env://", "MASTER_PORT=65535: the env:// store listens on MASTER_PORT + 1 = 65536, outside 1..65535");
+  env.set("DDP_STORE_PORT", "65536");
+  quick("env://", "DDP_STORE_PORT='65536' is not a port (1..65535)");
+  env.set("DDP_STORE_PORT", "0");
+  quick("env://", "DDP_STORE_PORT='0' is not a port (1..65535)");
+}
+
+TEST_CASE("rendezvous: while a rank is missing, rank 0 says who arrived and who did not, through the log") {
+  EnvGuard env;
+  env.set("DDP_INIT_PROGRESS_MS", "150");
+  LogScope log;
+  const std::string m = tcp_method();
+  Rank r0(m, 0, 4, "j", 900);
+  Rank r1(m, 1, 4, "j", 900);
+  Rank r3(m, 3, 4, "j", 900);
+  r0.join();
+  r1.join();
+  r3.join();
+  expect_rank(r0, DDP_ERR_TIMEOUT, {"rank 2 never arrived (3 of 4 arrived)"});
+  expect_rank(r1, DDP_ERR_TIMEOUT, {});
+  const std::string line = LogScope::find("waiting for ranks at " + m + ": 3 of 4 arrived; missing rank 2 (waited ");
+  INFO("log: " << (g_logged.empty() ? std::string("(nothing)") : g_logged.back()));
+  CHECK(line.rfind("W ", 0) == 0);  // a warning: printed by default
+  CHECK(line.find(" of 0.9 s)") != std::string::npos);
+  // Off with 0.
+  env.set("DDP_INIT_PROGRESS_MS", "0");
+  g_logged.clear();
+  Rank q(tcp_method(), 0, 2, "j", 400);
+  q.join();
+  CHECK(LogScope::find("waiting for ranks") == "");
+}
+
+TEST_CASE("gloo: Gloo's failed checks are not reported as timeouts") {
+#ifdef DDP_TEST_HAVE_GLOO
+  auto status_of = [](auto thrown, std::string* msg) {
+    try {
+      try {
+        throw thrown;
+      } catch (...) {
+        ddp::rethrow_gloo_failure(1, 3, "all-gather");
+      }
+    } catch (const ddp::Error& e) {
+      *msg = e.what();
+      return e.status();
+    }
+    return DDP_SUCCESS;
+  };
+  std::string msg;
+  CHECK(status_of(gloo::EnforceNotMet("address.cc", 45, "sizeof(impl_) == bytes.size()", "136 vs 68"), &msg) ==
+        DDP_ERR_MISMATCH);
+  CHECK(msg.find("rank 1 of 3: Gloo all-gather failed a consistency check") != std::string::npos);
+  CHECK(msg.find("136 vs 68") != std::string::npos);
+  CHECK(status_of(gloo::IoException("Timed out waiting 1000ms for recv operation"), &msg) == DDP_ERR_TIMEOUT);
+  CHECK(msg.find("Timed out waiting") != std::string::npos);
+  CHECK(status_of(std::runtime_error("odd"), &msg) == DDP_ERR_INTERNAL);
+  CHECK(msg.find("rank 1 of 3: Gloo all-gather failed: odd") != std::string::npos);
+#endif
 }

@@ -6,12 +6,15 @@
 // ddp_broadcast use Gloo's own algorithms. Every wait is bounded by the call's deadline; a peer whose
 // connection closes (its process died) fails the waits on it at once, naming the rank. A Gloo
 // context that failed cannot be used again: the context is aborted, as after an MPI timeout.
+#include "backends/gloo/gloo_errors.hpp"
 #include "core/comms.hpp"
 #include "core/knobs.hpp"
 
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -49,8 +52,9 @@ struct GlooWorld {
   std::string method;
   Rendezvous rv;
   std::shared_ptr<gloo::transport::Device> device;
-  int64_t init_timeout_ms = 0;  // the creation's bound, also that of duplicates and probers
-  std::atomic<int> comms{0};    // communicators made over it so far (the same count on every rank)
+  int64_t init_timeout_ms = 0;       // the creation's bound, also that of duplicates and probers
+  std::atomic<int> comms{0};         // communicators made over it so far (the same count on every rank)
+  std::atomic<bool> settled{false};  // the arrival's keys erased (rank 0, after the first barrier)
 };
 
 // Gloo's store interface over ours: keys under a prefix, waits bounded by the creation's deadline;
@@ -83,10 +87,9 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::vector<std::string> mine_;
 };
 
-// Runs a Gloo call, turning its exceptions into ours: every failure of a peer is fatal to the
-// context, reported as a timeout naming what was waited for. A write to a dead peer fails instead of
-// raising SIGPIPE (host/sigpipe.hpp); Gloo's event loop, started by the device's creation here,
-// keeps SIGPIPE blocked.
+// Runs a Gloo call, turning its exceptions into ours (rethrow_gloo_failure). A write to a dead peer
+// fails instead of raising SIGPIPE (host/sigpipe.hpp); Gloo's event loop, started by the device's
+// creation here, keeps SIGPIPE blocked.
 template <class F>
 void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
   host::SigpipeBlock no_sigpipe;
@@ -94,11 +97,8 @@ void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
     f();
   } catch (const Error&) {
     throw;
-  } catch (const std::exception& e) {
-    fail(DDP_ERR_TIMEOUT,
-         "rank %d of %d: Gloo %s failed (a rank died, stalled past the timeout or issued a "
-         "different collective): %s",
-         w.rv.rank, w.rv.size, what.c_str(), e.what());
+  } catch (...) {
+    rethrow_gloo_failure(w.rv.rank, w.rv.size, what);
   }
 }
 
@@ -113,6 +113,7 @@ std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& 
     gloo::barrier(b);
   });
   adapter.erase_mine();  // after the barrier every rank has read them
+  if (!w.settled.exchange(true)) settle_rendezvous(w.rv);
   return ctx;
 }
 
@@ -164,6 +165,28 @@ class GlooRingLink final : public host::RingLink {
 
 }  // namespace
 
+// A failure of a peer's connection or a wait (Gloo's IoException) is fatal to the context and
+// reported as a timeout naming what was waited for; a failed check of Gloo's (EnforceNotMet: the
+// ranks disagree on the world or a collective's sizes) is DDP_ERR_MISMATCH; anything else
+// DDP_ERR_INTERNAL. Neither of the last two is labelled a timeout.
+void rethrow_gloo_failure(int rank, int size, const std::string& what) {
+  try {
+    throw;
+  } catch (const gloo::IoException& e) {
+    fail(DDP_ERR_TIMEOUT,
+         "rank %d of %d: Gloo %s failed (a rank died, stalled past the timeout or issued a "
+         "different collective): %s",
+         rank, size, what.c_str(), e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    fail(DDP_ERR_MISMATCH,
+         "rank %d of %d: Gloo %s failed a consistency check (the ranks disagree on the world size or on a "
+         "collective's sizes): %s",
+         rank, size, what.c_str(), e.what());
+  } catch (const std::exception& e) {
+    fail(DDP_ERR_INTERNAL, "rank %d of %d: Gloo %s failed: %s", rank, size, what.c_str(), e.what());
+  }
+}
+
 class GlooComm final : public Comm {
  public:
   GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl)
@@ -171,7 +194,9 @@ class GlooComm final : public Comm {
         key_(std::move(key)),
         ctx_(connect_context(*world_, key_, dl)),
         ring_(std::make_shared<host::RingBuffer>()),
-        link_(std::make_shared<GlooRingLink>(*world_, *ctx_)) {}
+        link_(std::make_shared<GlooRingLink>(*world_, *ctx_)) {
+    link_->wire = wire_bytes();  // the ring counts its exchanges here
+  }
   ~GlooComm() override {
     if (aborted_) {  // a written-off worker may still be inside the context: it stays until exit
       host::keep_until_exit(ctx_);
@@ -249,6 +274,7 @@ class GlooComm final : public Comm {
         gloo::broadcast(o);
       });
     });
+    wire_bytes()->broadcast(bytes, size(), rank(), root);
   }
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     if (size() == 1 || bytes == 0) {
@@ -265,6 +291,7 @@ class GlooComm final : public Comm {
         gloo::allgather(o);
       });
     });
+    wire_bytes()->allgather(bytes, size());
   }
   void abort() override { aborted_ = true; }
 

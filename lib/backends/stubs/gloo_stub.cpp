@@ -8,6 +8,11 @@ std::unique_ptr<Comm> make_gloo_comm(const char*, int, int, int64_t) {
        "this libddp was built without Gloo (GLOO=0, or no gloo headers found: install libgloo-dev and rebuild)");
 }
 
+// Declared in backends/gloo/gloo_errors.hpp (which a stub may not include); nothing calls it here.
+[[noreturn]] void rethrow_gloo_failure(int rank, int size, const std::string& what) {
+  fail(DDP_ERR_UNSUPPORTED, "rank %d of %d: %s: this libddp was built without Gloo", rank, size, what.c_str());
+}
+
 bool have_gloo() { return false; }
 
 }  // namespace ddp
