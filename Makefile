@@ -19,6 +19,7 @@
 ##                   root on Debian; otherwise it names the command and stops)
 ##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line (setup too)
 ##   setup           only that step: the test suites' packages (tools/packages.txt)
+##   test-run, test-quick-run   make test and test-quick without that step
 ##   suite-NAME      one suite, NAME from SUITES; suite-python-src: the Python tests on the sources
 ##   test-sanitize   every suite under ASan+UBSan ($(BUILD)/asan), the threaded ones under TSan ($(BUILD)/tsan)
 ##   test-gpusim     the gpusim suite: the CUDA backend on a simulated CUDA runtime and NCCL, no GPU needed
@@ -27,7 +28,7 @@
 ##                   fuzz-build builds the fuzzer in FUZZ_BUILD
 ##   abi-asan-lib, gpusim-run, gpusim-gpu   steps of the abi and gpusim suites
 ## Examples and benchmarks
-##   examples        the example trainer; demo: it on DEMO_NP ranks (DEMO_ARGS: its options);
+##   examples        the example trainer; demo: it on DEMO_NP ranks (DEMO_ARGS: its options), with a timeline;
 ##                   demo-gpu: its grads in device memory over NCCL
 ##   bench           the benchmarks: tables on stdout, raw numbers in $(BUILD)/bench/*.json
 ## Knobs
@@ -48,7 +49,9 @@
 ##   DOCTEST_CFLAGS  where doctest.h is (default -I/usr/include/doctest); CLANG_FORMAT: clang-format
 ##   QUICK_SUITES    the suites of make test-quick
 ##   DEMO_NP, DEMO_ARGS   make demo's ranks (2) and trainer options; EXAMPLE_CFLAGS: the trainer's flags
-##   DEMO_COMM       how make demo starts ranks: mpi, gloo (tools/ddp_launch) or self; default the first built
+##   DEMO_COMM       how make demo starts ranks: mpi, gloo (tools/ddp_launch), local (threads of one
+##                   process, needs nothing installed) or self; default the first built, else local
+##   DEMO_TIMELINE   make demo's timeline (default $(BUILD)/demo/timeline.json; .rankN per rank, .merged)
 ##   PYTHON_BIN      the Python of the python suites (/usr/bin/python3); JULIA: julia
 ##   FUZZ_SECONDS    make fuzz's time (60); FUZZ_BUILD: its tree; FUZZ_CXX: clang++; FUZZ_ARGS: libFuzzer's
 ##   FAULT_TIMEOUT_MS  the faults suite's timeout_ms (2000)

@@ -57,7 +57,7 @@ demo: $(DEMO_BIN)
 	@mkdir -p $(dir $(DEMO_TIMELINE))
 	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); about 15 s on 2 cores; DEMO_ARGS='$(DEMO_ARGS)'"
 	$(Q)$(DEMO_RUN_$(DEMO_COMM))
-	@if command -v python3 >/dev/null && python3 tools/merge_timeline.py -o $(DEMO_MERGED) $(DEMO_TIMELINE) >/dev/null; \
+	@if command -v python3 >/dev/null && python3 tools/merge_timeline.py -o $(DEMO_MERGED) $(DEMO_TIMELINE) >/dev/null 2>&1; \
 	then echo "== timeline of every rank in one trace: $(DEMO_MERGED); open it in ui.perfetto.dev (Open trace file) or chrome://tracing"; \
 	else echo "== timeline: $(DEMO_TIMELINE) with .rankN per rank; merge with tools/merge_timeline.py (needs python3)"; fi
 	@if [ "$(HAVE_CUDA)" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then \
@@ -66,6 +66,12 @@ demo: $(DEMO_BIN)
 demo-gpu: $(DEMO_GPU_BIN)
 	@echo "== make demo-gpu: $(DEMO_NP) ranks, grads in device memory, reduced over NCCL"
 	$(Q)$(RUN_NP) $(DEMO_NP) $(DEMO_GPU_BIN) --comm nccl $(DEMO_ARGS)
+
+# --- the demo suite: make demo as a new user runs it (ranks as threads, nothing installed needed) ---
+SUITES += demo
+.PHONY: suite-demo
+suite-demo: $(DEMO_BIN)
+	$(Q)examples/check_demo.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)" $(BUILD)
 
 # --- the timeline suite: a short demo with DDP_TIMELINE, then the trace is checked ---
 SUITES += timeline

@@ -110,10 +110,11 @@ out=$(mk -n demo MPI=0 GLOO=1 BUILD="$work/demo" 2>&1)
 if grep -q "tools/ddp_launch -n 2 $work/demo/examples/mlp_trainer --comm gloo" <<<"$out"; then ok "make demo without MPI: 2 ranks over Gloo (tools/ddp_launch)"
 else bad "make demo MPI=0 does not start 2 ranks over Gloo: $(grep -v '^ *$' <<<"$out" | head -n 3)"; fi
 out=$(mk -n demo MPI=0 GLOO=0 BUILD="$work/demo" 2>&1)
-if grep -q "mlp_trainer --comm self" <<<"$out" && grep -q "without MPI and Gloo" <<<"$out"; then ok "make demo without MPI and Gloo: one process, and it says why"
+if grep -q "mlp_trainer --comm local --ranks 2" <<<"$out" && grep -q "neither MPI nor Gloo" <<<"$out"; then
+  ok "make demo without MPI and Gloo: 2 ranks as threads of one process (local group), and it says why"
 else bad "make demo MPI=0 GLOO=0: $(head -n 3 <<<"$out")"; fi
 out=$(mk -n demo DEMO_COMM=tcp BUILD="$work/demo" 2>&1)
-if grep -q "DEMO_COMM=tcp: use mpi, gloo or self" <<<"$out"; then ok "make demo DEMO_COMM=tcp is refused, naming the choices"
+if grep -q "DEMO_COMM=tcp: use mpi, gloo, local or self" <<<"$out"; then ok "make demo DEMO_COMM=tcp is refused, naming the choices"
 else bad "make demo DEMO_COMM=tcp: $(head -n 3 <<<"$out")"; fi
 
 # --- make help: every knob (?= in Makefile and mk/*.mk) and every target (.PHONY) ---
@@ -134,6 +135,30 @@ for t in $targets; do
 done
 if [ -z "$missing" ]; then ok "make help names all $(wc -w <<<"$targets") targets"
 else bad "make help does not name the targets:$missing"; fi
+
+# --- tools/setup.sh (make test's first step) against fake dpkg-query and id on PATH ---
+fake=$work/fakebin; mkdir -p "$fake"
+printf '#!/bin/sh\ncase "$*" in *python3-torch*) exit 1;; *) echo "install ok installed";; esac\n' >"$fake/dpkg-query"
+printf '#!/bin/sh\necho 1000\n' >"$fake/id"
+chmod +x "$fake/dpkg-query" "$fake/id"
+out=$(PATH="$fake:$PATH" tools/setup.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$(wc -l <<<"$out")" -eq 1 ] &&
+   grep -qF "missing packages: python3-torch; install them with: sudo sh -c 'apt-get update && apt-get install -y --no-install-recommends python3-torch'" <<<"$out"
+then ok "setup as a user: one line naming the missing package and the exact command, exit 1"
+else bad "setup as a user with python3-torch missing: exit $rc: $out"; fi
+out=$(PATH="$fake:$PATH" tools/setup.sh --check 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q "missing packages: python3-torch" <<<"$out"; then ok "setup --check names what is missing, exit 1"
+else bad "setup --check: exit $rc: $out"; fi
+printf '#!/bin/sh\necho "install ok installed"\n' >"$fake/dpkg-query"
+out=$(PATH="$fake:$PATH" tools/setup.sh 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ -z "$out" ]; then ok "setup with every package present: silent, exit 0"
+else bad "setup with every package present: exit $rc: $out"; fi
+list=$(tools/setup.sh --list)
+if grep -qw doctest-dev <<<"$list" && grep -qw libopenmpi-dev <<<"$list" && grep -qF "$(tools/setup.sh --list)" <(tr -s ' \n' ' ' <README.md) ; then
+  ok "the README names tools/packages.txt's packages: $list"
+else bad "the README does not list the packages of tools/packages.txt ($list)"; fi
+out=$(mk -n test SETUP=1 2>&1)
+if grep -q "tools/setup.sh" <<<"$out"; then ok "make test runs tools/setup.sh first"; else bad "make test -n: $(head -n 3 <<<"$out")"; fi
 
 echo "build: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
