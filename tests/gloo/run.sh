@@ -83,6 +83,30 @@ for bad in "-n 0 true|need -n >= 1" "-n x true|nproc 'x' is not a number" "--nno
   check "ddp_launch $args_: refused (exit 2), naming it" $ok "exit $rc: $out"
 done
 
+# Two jobs on one port: job B (2 ranks, its rank 1 three seconds late) started by ddp_launch, and by
+# hand a rank 1 of job A: the stray is refused by name at once, job B trains to the end, and while rank
+# 1 is missing rank 0 says so on stderr (DDP_INIT_PROGRESS_MS, a warning: printed by default).
+port=$(free_port)
+outb=$(mktemp "$build/gloo-jobb.XXXXXX")
+DDP_INIT_PROGRESS_MS=1000 timeout 120 "$root/tools/ddp_launch" -n 2 --master-port "$port" --job-id jobB \
+  bash -c '[ "$RANK" = 1 ] && sleep 3; exec "$@"' _ "$trainer" --comm gloo "${args[@]}" >"$outb" 2>&1 &
+bpid=$!
+sleep 1
+t0=$(date +%s%N)
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_JOB_ID=jobA DDP_INIT_TIMEOUT_MS=30000 \
+      timeout 60 "$trainer" --comm gloo "${args[@]}" 2>&1); rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+ok=0; [ $rc -ne 0 ] && grep -q "DDP_ERR_MISMATCH\|ranks disagree" <<<"$out" && grep -q "rank 1 (job 'jobA', WORLD_SIZE=2" <<<"$out" &&
+  grep -q "belongs to job 'jobB'" <<<"$out" && [ $ms -lt 10000 ] && ok=1
+check "two jobs on one port: job A's stray rank 1 refused by name in ${ms} ms" $ok "exit $rc; $(tail -n 3 <<<"$out")"
+wait $bpid; rc=$?
+outb_text=$(cat "$outb"); rm -f "$outb"
+ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$outb_text" &&
+  grep -q "a rank of another job was turned away: rank 1 (job 'jobA'" <<<"$outb_text" && ok=1
+check "two jobs on one port: job B warned of the stray and trained to the end" $ok "exit $rc; $(tail -n 5 <<<"$outb_text")"
+ok=0; grep -qE "^libddp warning: waiting for ranks at env:// \(127\.0\.0\.1:$((port + 1))\): 1 of 2 arrived; missing rank 1 \(waited [0-9.]+ s of 300 s\)" <<<"$outb_text" && ok=1
+check "the progress line on stderr while rank 1 is missing" $ok "$(grep -m3 'libddp' <<<"$outb_text")"
+
 # A rank that dies: the launcher stops the others at once and exits with the dead rank's status.
 t0=$(date +%s%N)
 out=$(timeout 120 "$root/tools/ddp_launch" -n 3 bash -c '[ "$RANK" = 2 ] && kill -9 $$; exec "$@"' _ "$trainer" \
