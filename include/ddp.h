@@ -534,19 +534,30 @@ typedef struct ddp_hook_bucket {
   int world;       /* comm's size */
 } ddp_hook_bucket_t;
 
-/* A comm hook. On return (host memory) or in `stream` order (GPU), bucket->buffer must hold the sum
- * over the ranks of every rank's buffer: the library has applied gradient_predivide_factor before the
- * call and applies the averaging after it. It runs on the bucket's worker thread (host) or the thread
- * that launched the bucket (GPU), for every bucket of every synced iteration, in plan order on each
- * stream, on every rank; it must issue the same collectives on every rank. It may call
- * ddp_comm_allreduce on bucket->comm, and no other libddp function of this context. A status other
- * than DDP_SUCCESS fails the bucket as a failed collective does, and the context aborts:
+/* A comm hook. The hook scales, not the library (as in torch DDP with a comm hook registered): the
+ * buffer handed over holds this rank's grads as they are (no gradient_predivide_factor applied), and
+ * what the hook leaves in bucket->buffer on return (host memory) or in `stream` order (GPU) is the
+ * reduced gradient, with no averaging applied after it (gradient_average and
+ * gradient_predivide_factor are ignored while a hook is set). So a hook that averages, as torch's
+ * default hooks do, calls ddp_comm_allreduce with DDP_OP_AVG; one that calls DDP_OP_SUM leaves the
+ * sum. It runs on the bucket's worker thread (host) or the thread that launched the bucket (GPU), for
+ * every bucket of every synced iteration, in plan order on each stream, on every rank; it must issue
+ * the same collectives on every rank. It may call ddp_comm_allreduce on bucket->comm, and no other
+ * libddp function of this context: any other call on the context (ddp_get_stats, ddp_destroy, ...)
+ * returns DDP_ERR_INVALID_STATE ("called from inside this context's comm hook (bucket B): ...") at
+ * once. On host memory a hook still running timeout_ms after its bucket started is written off like
+ * a stalled collective: ddp_finish_backward returns DDP_ERR_TIMEOUT and the context aborts; when
+ * the hook returns, its thread stops for good, so after that it must not use bucket->buffer or
+ * bucket->comm. A status other than DDP_SUCCESS fails the bucket as a failed collective does, and
+ * the context aborts:
  * ddp_finish_backward returns DDP_ERR_TIMEOUT for a hook's timeout, DDP_ERR_ABORTED otherwise, with
  * the message "comm hook returned S (text) for bucket B: <the hook thread's ddp_last_error()>" (on
  * GPUs the call that launched the bucket, ddp_grad_ready for one, returns that error first). */
 typedef ddp_status_t (*ddp_comm_hook_fn)(const ddp_hook_bucket_t* bucket, void* user_data);
 
-/* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. Before the first
+/* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. With a hook set the
+ * library applies no scaling (neither gradient_predivide_factor nor the averaging): the hook's result
+ * is the gradient (see ddp_comm_hook_fn). Before the first
  * backward pass (while registration is open); every rank must set one, or none: when registration
  * closes (ddp_commit or the first backward) ranks that disagree all get DDP_ERR_MISMATCH, naming the
  * ranks that set one and those that did not, and the context aborts. Buckets with a hook are always
@@ -574,7 +585,10 @@ typedef struct ddp_stats {
   size_t size;
   uint64_t iterations;        /* synced backward passes finished (and ddp_reduce_all calls) */
   uint64_t buckets_reduced;   /* bucket collectives completed */
-  uint64_t bytes_reduced;     /* bytes given to collectives (wire type) */
+  /* Payload: the bytes of the buckets handed to their collectives (or to the comm hook), in the wire
+   * type. It does not change with the world size, nor with what a hook sends: bytes_sent and
+   * bytes_received say what travelled. */
+  uint64_t bytes_reduced;
   uint64_t comm_time_ns;      /* summed over buckets: launch to completion */
   uint64_t exposed_time_ns;   /* summed over iterations: time ddp_finish_backward waited */
   uint64_t last_exposed_ns;   /* that time in the last iteration */
@@ -584,6 +598,22 @@ typedef struct ddp_stats {
   uint64_t layout_epoch;      /* times arena storage moved (see ddp_grad_ptr) */
   int world_size;
   int rank;
+  /* Added in 0.2. Traffic: the bytes this rank sent to and received from other ranks through the
+   * context's communicators, counted where they move: every bucket collective, the int8 all-gather,
+   * the sharded reduce-scatter and parameter all-gather, a comm hook's ddp_comm_allreduce calls (a
+   * hook that sends bf16 counts bf16 bytes), the host collectives (ddp_allreduce_host, ddp_broadcast,
+   * ddp_barrier, ddp_join) and the control exchanges (agreement, the learned plan, the unused-grad
+   * report). The host ring (MPI and Gloo buckets) counts each of its exchanges: an allreduce of B
+   * bytes over n ranks sends and receives 2 (n - 1) / n x B each (B split into n chunks as evenly as
+   * elements allow). Collectives whose algorithm the library does not see are counted by the same
+   * collective's ring formula: NCCL's and MPI's own (small MPI pieces, the control path), and the
+   * local comm's (in-process ranks): allreduce 2 (n - 1) / n x B each way, reduce-scatter
+   * (n - 1) / n x B, all-gather (n - 1) x the per-rank bytes, broadcast B received by every rank but
+   * the root and sent by every rank but the one before the root. Zero on a single rank. With
+   * config.stream_comms (borrowed), what moved through them since the context was made, including
+   * other users' traffic on them. */
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
 } ddp_stats_t;
 
 DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);

@@ -45,8 +45,25 @@ void need(const T* p, const char* what) {
   if (!p) fail(DDP_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
 
+// The comm hook being run on this thread (ddp_comm_allreduce inside it uses its stream and deadline),
+// and the context it belongs to.
+thread_local const HookCall* t_hook = nullptr;
+thread_local const Context* t_hook_ctx = nullptr;
+
+// A context is never entered from its own comm hook: the thread that launched or waits for the
+// bucket may hold the context's lock (a host hook runs on a bucket worker while ddp_finish_backward
+// waits for it; a GPU hook runs inside ddp_grad_ready), so such a call could only deadlock.
+void refuse_reentry(const ddp_t d) {
+  if (d && t_hook_ctx && t_hook_ctx == d->impl.get())
+    fail(DDP_ERR_INVALID_STATE,
+         "called from inside this context's comm hook (bucket %d): a hook may call only ddp_comm_allreduce on "
+         "bucket->comm",
+         t_hook->bucket);
+}
+
 Context& ctx(ddp_t d) {
   if (!d) fail(DDP_ERR_INVALID_ARGUMENT, "the ddp_t handle is NULL");
+  refuse_reentry(d);
   return *d->impl;
 }
 
@@ -370,9 +387,6 @@ ddp_status_t ddp_barrier(ddp_t d) {
 
 namespace {
 
-// The comm hook being run on this thread (ddp_comm_allreduce inside it uses its stream and deadline).
-thread_local const HookCall* t_hook = nullptr;
-
 // What ddp_comm_allreduce hands a host comm outside a hook: host comms run collectives on the
 // calling thread and never use the stream.
 class CallingThread final : public Stream {
@@ -392,7 +406,8 @@ ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) 
   return guard(__func__, [&] {
     Context& c = ctx(d);
     if (!hook) return c.set_comm_hook(nullptr);
-    c.set_comm_hook([hook, user_data](const HookCall& h) {
+    const Context* owner = &c;
+    c.set_comm_hook([hook, user_data, owner](const HookCall& h) {
       ddp_comm borrowed;
       borrowed.borrowed = h.comm;
       ddp_hook_bucket_t b;
@@ -409,10 +424,13 @@ ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) 
       b.rank = h.comm->rank();
       b.world = h.comm->size();
       const HookCall* outer = t_hook;
+      const Context* outer_ctx = t_hook_ctx;
       t_hook = &h;
+      t_hook_ctx = owner;
       t_last_error.clear();  // a hook that fails without a word must not borrow an older message
       const ddp_status_t st = hook(&b, user_data);
       t_hook = outer;
+      t_hook_ctx = outer_ctx;
       if (st != DDP_SUCCESS)
         fail(st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_ABORTED, "comm hook returned %d (%s) for bucket %d: %s",
              static_cast<int>(st), ddp_status_string(st), h.bucket,
@@ -525,7 +543,10 @@ ddp_status_t ddp_shard_norm(ddp_t d, void* stream, double* norm, uint64_t* nonfi
 }
 
 ddp_status_t ddp_destroy(ddp_t d) {
-  return guard(__func__, [&] { delete d; });
+  return guard(__func__, [&] {
+    refuse_reentry(d);
+    delete d;
+  });
 }
 
 ddp_status_t ddp_set_log_callback(ddp_log_fn fn, void* user) {

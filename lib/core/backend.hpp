@@ -5,10 +5,12 @@
 //   Device memory: CudaDevice (CUDA streams, kernels)  +  NcclComm
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/common.hpp"
@@ -35,6 +37,8 @@ class AsyncErrorSource {
   virtual void check_async() = 0;
   // Work of this source on a stream did not complete by its deadline: it is stuck.
   virtual void mark_stalled() = 0;
+  // Who this source is, for messages ("rank 2 of 4"); empty if nothing useful.
+  virtual std::string who() const { return std::string(); }
 };
 
 // An ordered queue of work, one per bucket stream.
@@ -63,10 +67,20 @@ class Stream {
   // asynchronous errors and names it when the work is late (GPU streams; host streams run their
   // collectives synchronously and need no watch).
   virtual void watch(AsyncErrorSource* src, Deadline dl) {}
+  // Bucket `tag` has enqueued all its work on this stream. Returns false when that work has already
+  // run (host streams: the caller counts it done now); true when the stream adds 1 to `*done` itself
+  // once the work completes (GPU streams). `done` must outlive the stream.
+  virtual bool finishes_later(int tag, std::atomic<int32_t>* done) { return false; }
+  // The tag of the oldest bucket announced by finishes_later whose work has not completed, or -1.
+  virtual int oldest_unfinished() { return -1; }
   // Rethrows (and clears) the first error a task raised, without waiting.
   virtual void poll_error() = 0;
   // Stops running queued tasks (after a fatal error): they are dropped as if finished.
   virtual void cancel() = 0;
+  // Runs `f` (the caller's comm hook, on this stream's worker) as a call that may block for good:
+  // a drain bounds it by the task timeout as it bounds a blocked collective, and writes the worker
+  // off when it is late (host streams); elsewhere it just calls `f`.
+  virtual void run_blocking(const std::function<void()>& f) { f(); }
 };
 
 // One grad's place in a bucket's flat buffer.
@@ -105,6 +119,9 @@ class Device {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> make_stream(int index) = 0;
 
+  // Throws if the user's stream cannot carry an iteration (GPU: DDP_ERR_UNSUPPORTED while it is
+  // being captured into a CUDA graph). Called by ddp_begin_backward before anything changes.
+  virtual void check_user_stream(void* user_stream) {}
   // Ordering with the user's stream (no-ops on host, where grads are final when marked ready).
   virtual void stream_wait_user(Stream& s, void* user_stream) = 0;
   virtual void user_wait_stream(void* user_stream, Stream& s) = 0;
@@ -158,9 +175,42 @@ struct Reduction {
   double factor = 1.0;
 };
 
+// The bytes one rank sent and received on the wire (ddp_stats_t.bytes_sent, bytes_received), added by
+// each communicator where the bytes move. Shared: a collective written off after a timeout may still
+// count into it after its communicator is gone. Collectives whose algorithm the library does not run
+// itself (MPI's below the ring, NCCL's) are counted by the ring formula of the same collective.
+struct WireBytes {
+  std::atomic<uint64_t> sent{0}, received{0};
+  void add(uint64_t s, uint64_t r) {
+    sent.fetch_add(s, std::memory_order_relaxed);
+    received.fetch_add(r, std::memory_order_relaxed);
+  }
+  // A ring allreduce of `bytes`: 2 (w - 1) / w of them each way.
+  void allreduce(uint64_t bytes, int w) { ring_steps(bytes, w, 2); }
+  // A ring reduce-scatter of `bytes` in all (w chunks): (w - 1) / w of them each way.
+  void reduce_scatter(uint64_t bytes, int w) { ring_steps(bytes, w, 1); }
+  // An all-gather of `bytes` per rank: every other rank's chunk in, (w - 1) chunks out.
+  void allgather(uint64_t bytes, int w) { add(bytes * uint64_t(w - 1), bytes * uint64_t(w - 1)); }
+  // A chain broadcast of `bytes` from `root`: every rank but the root receives them, every rank but
+  // the last of the chain (root - 1) sends them on.
+  void broadcast(uint64_t bytes, int w, int rank, int root) {
+    if (w < 2) return;
+    add(rank == (root + w - 1) % w ? 0 : bytes, rank == root ? 0 : bytes);
+  }
+
+ private:
+  void ring_steps(uint64_t bytes, int w, int passes) {
+    const uint64_t each = w < 2 ? 0 : bytes * uint64_t(passes) * uint64_t(w - 1) / uint64_t(w);
+    add(each, each);
+  }
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
+  // What this communicator moved on the wire so far (read from any thread).
+  const std::shared_ptr<WireBytes>& wire_bytes() const { return wire_bytes_; }
+
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Memory memory() const = 0;
@@ -217,6 +267,9 @@ class Comm {
   // Gives up on every outstanding collective after a fatal error (ncclCommAbort). After it, the
   // communicator is unusable.
   virtual void abort() {}
+
+ private:
+  std::shared_ptr<WireBytes> wire_bytes_ = std::make_shared<WireBytes>();
 };
 
 }  // namespace ddp

@@ -26,6 +26,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
     }
   } else {
     comms_ = cfg_.stream_comms;
+    wire_totals(false, wire_base_);  // their traffic before this context is not its own
   }
   device_ = comm.make_device();
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&

@@ -73,6 +73,7 @@ class Context {
   // The stall inspector: where every rank stands, as text for a timeout or a stall warning.
   Position position() const;
   std::string picture(int64_t wait_ms);
+  void wire_totals(bool own, uint64_t out[2]) const;
   void stall_warning(int stream);
   void set_call(Call c) { progress_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
   // Sets the call a rank reports itself in for a scope; restores `after` (default: the one before).
@@ -145,6 +146,7 @@ class Context {
   std::vector<int> scratch_unused_;
   std::function<void(const HookCall&)> hook_;
   UnusedReport unused_report_;
+  uint64_t wire_base_[2] = {0, 0};  // bytes sent and received through borrowed comms before creation
   int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
   int64_t warned_iteration_ = -1;   // the iteration whose stall was reported (once per wait)
   std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists

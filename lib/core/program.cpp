@@ -46,13 +46,15 @@ size_t padded_numel(const ProgramSettings& s, const Bucket& bk) {
 
 // Scaling (apex): multiply by 1/f before the sum, by f/divisor after it (or not at all without
 // averaging). Fused into the collective where the engine can: ncclAvg, a pre-multiplied sum, or a sum
-// the engine scales itself (the host ring). A comm hook and the int8 wire only sum: both factors
-// stay passes of their own (folded into pack and unpack).
+// the engine scales itself (the host ring). The int8 wire only sums: both factors stay passes of
+// their own (folded into pack and unpack). A comm hook scales itself, as in torch DDP: the library
+// applies neither factor, and what the hook leaves is the result.
 void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, int divisor) {
   b.red = Reduction{};
-  b.pre = 1.0 / s.predivide;
-  b.post = s.average ? s.predivide / divisor : 1.0;
-  if (b.collective == Collective::Hook || b.collective == Collective::Int8) return;
+  const bool hook = b.collective == Collective::Hook;
+  b.pre = hook ? 1.0 : 1.0 / s.predivide;
+  b.post = hook ? 1.0 : s.average ? s.predivide / divisor : 1.0;
+  if (hook || b.collective == Collective::Int8) return;
   if (s.average && s.predivide == 1.0 && divisor == s.world && c.avg) {
     b.red = Reduction{RedOp::Avg, 1.0};
     b.post = 1.0;

@@ -272,6 +272,7 @@ void Reducer::set_zero(int g, bool zero) {
 }
 
 void Reducer::begin(void* user_stream, uint64_t iteration) {
+  env_.device->check_user_stream(user_stream);  // before anything changes: a refusal leaves no trace
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& r : rt_) r->ready = 0;
   next_ = 0;
@@ -414,8 +415,8 @@ void Reducer::step_collectives(int b, bool own_group) {
   const size_t n = p.staged ? p.packed : p.numel;
   switch (p.collective) {
     case Collective::Hook:  // the caller's reduction of the whole bucket (never sharded, never in place)
-      env_.hook(HookCall{b, p.stream, iteration_, buf, n, p.wire, &s, &c, dl});
-      return;
+      // User code that may wait for anything: bounded by timeout_ms like a blocked collective.
+      return s.run_blocking([&] { env_.hook(HookCall{b, p.stream, iteration_, buf, n, p.wire, &s, &c, dl}); });
     case Collective::Int8: return int8_allreduce(b, buf, n);
     case Collective::ReduceScatter: return c.reduce_scatter(buf, p.shard_n, p.wire, p.red, s, dl);
     case Collective::AllReduce: break;
@@ -475,12 +476,14 @@ void Reducer::account(int b) {
   const uint64_t t1 = now_ns();
   Stats& k = *env_.stats;
   k.buckets_reduced.fetch_add(1, std::memory_order_relaxed);
-  env_.progress->done.fetch_add(1, std::memory_order_relaxed);
+  // GPU streams only enqueued the work: they count the bucket done when it completes.
+  const bool later = !workers_ && stream_of(b).finishes_later(b, &env_.progress->done);
+  if (!later) env_.progress->done.fetch_add(1, std::memory_order_relaxed);
   k.bytes_reduced.fetch_add(p.wire_bytes, std::memory_order_relaxed);
   if (workers_) k.comm_time_ns.fetch_add(t1 - r.launch_ns, std::memory_order_relaxed);
   if (env_.timeline)
     env_.timeline->bucket(b, p.stream, iteration_, r.ready_ns, r.launch_ns, r.start_ns, t1, r.size, p.wire_bytes);
-  r.done = true;
+  r.done = !later;
 }
 
 // Host pieces: each piece goes in (pack, or the pre-scale), through its collective and out (unpack
@@ -582,6 +585,8 @@ void Reducer::finish(void* user_stream, Deadline dl) {
 // Where stream `si` stands: its first launched bucket that has not finished (a task that timed out
 // in the stream's drain names no bucket itself).
 std::string Reducer::stuck(int si) const {
+  const int gpu = env_.streams[static_cast<size_t>(si)]->oldest_unfinished();  // GPU streams know
+  if (gpu >= 0 && gpu < next_) return where(gpu);
   for (int b = 0; b < next_; ++b)
     if (plan_.buckets[static_cast<size_t>(b)].stream == si && !rt_[static_cast<size_t>(b)]->done) return where(b);
   return format("iteration %llu, stream %d: ", static_cast<unsigned long long>(iteration_), si);

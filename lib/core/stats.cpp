@@ -1,4 +1,5 @@
 // What a context tells about itself: its statistics (ddp_get_stats), the plan and its buckets.
+#include <algorithm>
 #include <cstring>
 
 #include "core/context.hpp"
@@ -15,6 +16,7 @@ constexpr FieldSpan kStatsSpans[] = {
     DDP_STATS_SPAN_(comm_time_ns),  DDP_STATS_SPAN_(exposed_time_ns), DDP_STATS_SPAN_(last_exposed_ns),
     DDP_STATS_SPAN_(library_bytes), DDP_STATS_SPAN_(arena_bytes),     DDP_STATS_SPAN_(nonfinite_buckets),
     DDP_STATS_SPAN_(layout_epoch),  DDP_STATS_SPAN_(world_size),      DDP_STATS_SPAN_(rank),
+    DDP_STATS_SPAN_(bytes_sent),    DDP_STATS_SPAN_(bytes_received),
 };
 #undef DDP_STATS_SPAN_
 #define DDP_BUCKET_SPAN_(f) DDP_FIELD_SPAN(ddp_bucket_info_t, f)
@@ -51,7 +53,29 @@ void Context::stats(ddp_stats_t* out) {
   s.layout_epoch = layout_epoch_;
   s.world_size = world_;
   s.rank = rank_;
+  uint64_t wire[2];
+  wire_totals(true, wire);
+  s.bytes_sent = wire[0];
+  s.bytes_received = wire[1];
   copy_fields(out, &s, out->size, kStatsSpans, kNumStats);
+}
+
+// Bytes sent and received through the context's communicators, each counted once: the bucket
+// streams' and, with `own`, the control path and ddp_broadcast's channel. Borrowed stream comms count
+// from the context's creation on (wire_base_).
+void Context::wire_totals(bool own, uint64_t out[2]) const {
+  std::vector<const Comm*> all;
+  if (own) all = {ctrl_.get(), bcast_.get()};
+  for (const Comm* c : comms_)
+    if (std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
+  out[0] = out[1] = 0;
+  for (const Comm* c : all) {
+    out[0] += c->wire_bytes()->sent.load(std::memory_order_relaxed);
+    out[1] += c->wire_bytes()->received.load(std::memory_order_relaxed);
+  }
+  if (!own) return;
+  out[0] -= wire_base_[0];
+  out[1] -= wire_base_[1];
 }
 
 // The plan getters close registration (collective), and still answer after an abort if a plan exists.

@@ -26,7 +26,7 @@ struct WorkerState {
   uint64_t submitted = 0, finished = 0;
   bool stop = false, cancelled = false;
   bool running = false;    // a task is in run()
-  bool blocked = false;    // ... and inside a BlockingCall
+  int blocked = 0;         // ... and inside this many BlockingCalls (a hook's ddp_comm_allreduce nests)
   bool abandoned = false;  // written off: it parks when its call returns
   std::chrono::steady_clock::time_point task_start;
   int64_t task_timeout_ms = 0;
@@ -50,14 +50,14 @@ thread_local WorkerState* t_worker = nullptr;
 BlockingCall::BlockingCall() : state_(t_worker) {
   if (!state_) return;
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->blocked = true;
+  ++state_->blocked;
   state_->done_cv.notify_all();  // a drain waiting to write off a blocked worker may now do so
 }
 
 BlockingCall::~BlockingCall() {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mu);
-  state_->blocked = false;
+  --state_->blocked;
   if (!state_->abandoned) return;
   lock.unlock();
   park_forever();  // whatever called us may be freed by now
@@ -110,6 +110,10 @@ class HostStream final : public Stream {
   }
 
   void drain(Deadline deadline) override;
+  void run_blocking(const std::function<void()>& f) override {
+    host::BlockingCall call;
+    f();
+  }
 
   void poll_error() override {
     std::lock_guard<std::mutex> lock(st_->mu);

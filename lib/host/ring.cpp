@@ -7,6 +7,14 @@
 namespace ddp {
 namespace host {
 
+namespace {
+// One exchange with the neighbours, counted where the bytes move.
+void exchange(RingLink& link, const void* out, size_t out_bytes, void* in, size_t in_bytes) {
+  link.exchange(out, out_bytes, in, in_bytes);
+  if (link.wire) link.wire->add(out_bytes, in_bytes);
+}
+}  // namespace
+
 char* RingBuffer::ensure(size_t n) {
   if (scratch.size() < n) {
     scratch.resize(n);
@@ -29,13 +37,13 @@ void ring_allreduce(RingLink& link, RingBuffer& rb, const void* send, void* recv
   char* scratch = rb.ensure((n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w) * es);
   for (int s = 0; s < w - 1; ++s) {
     const int out = chunk(me - s), in = chunk(me - s - 1);
-    link.exchange(s == 0 ? at(send, out) : at(recv, out), len(out) * es, scratch, len(in) * es);
+    exchange(link, s == 0 ? at(send, out) : at(recv, out), len(out) * es, scratch, len(in) * es);
     char* mine = const_cast<char*>(at(recv, in));
     host::sum_scaled(at(send, in), scratch, mine, len(in), d, s == w - 2 ? factor : 1.0);
   }
   for (int s = 0; s < w - 1; ++s) {
     const int out = chunk(me + 1 - s), in = chunk(me - s);
-    link.exchange(at(recv, out), len(out) * es, const_cast<char*>(at(recv, in)), len(in) * es);
+    exchange(link, at(recv, out), len(out) * es, const_cast<char*>(at(recv, in)), len(in) * es);
   }
 }
 
@@ -56,7 +64,7 @@ void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dt
     auto at = [&](size_t c) { return buf + (c * m + lo) * es; };
     for (int s = 0; s < w - 1; ++s) {
       char* in = at(chunk(me - s - 2));
-      link.exchange(at(chunk(me - s - 1)), n * es, scratch, n * es);
+      exchange(link, at(chunk(me - s - 1)), n * es, scratch, n * es);
       host::sum_scaled(in, scratch, in, n, d, s == w - 2 ? factor : 1.0);
     }
   }
@@ -68,7 +76,7 @@ void ring_allgather(RingLink& link, char* buf, size_t bytes) {
   for (size_t lo = 0; lo < bytes; lo += kRingMaxBytes) {
     const size_t n = std::min(kRingMaxBytes, bytes - lo);
     for (int s = 0; s < w - 1; ++s)
-      link.exchange(buf + chunk(me - s) * bytes + lo, n, buf + chunk(me - s - 1) * bytes + lo, n);
+      exchange(link, buf + chunk(me - s) * bytes + lo, n, buf + chunk(me - s - 1) * bytes + lo, n);
   }
 }
 

@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/common.hpp"
 
 namespace ddp {
@@ -22,6 +24,8 @@ class RingLink {
   // Sends `out_bytes` from `out` to rank + 1 while receiving `in_bytes` into `in` from rank - 1, and
   // returns when both are done. Throws (a timeout, a broken peer) naming the neighbour.
   virtual void exchange(const void* out, size_t out_bytes, void* in, size_t in_bytes) = 0;
+  // Where the ring functions count each exchange's bytes (the communicator's counters), or none.
+  std::shared_ptr<WireBytes> wire;
 };
 
 // The ring's receive buffer (one chunk from the left neighbour), kept by the communicator; `bytes`

@@ -775,17 +775,34 @@ struct HookLog {
   std::atomic<int> calls{0};
   int fail_at = -1;  // the call that returns an error
   std::atomic<size_t> elements{0};
+  ddp_op_t op = DDP_OP_SUM;  // what the hook asks of ddp_comm_allreduce
+  ddp_t ctx = nullptr;       // set: the hook calls back into its own context (refused)
+  std::atomic<int> refused{0};
+  std::string refusal;  // the first refusal's message
 };
+
+// A call back into the hook's own context: refused at once with DDP_ERR_INVALID_STATE (no deadlock).
+void reenter(HookLog* log) {
+  ddp_stats_t st;
+  st.size = sizeof st;
+  if (ddp_get_stats(log->ctx, &st) == DDP_ERR_INVALID_STATE &&
+      std::strstr(ddp_last_error(), "called from inside this context's comm hook (bucket ") &&
+      std::strstr(ddp_last_error(), "only ddp_comm_allreduce on bucket->comm") && log->refused++ == 0)
+    log->refusal = ddp_last_error();
+}
 
 ddp_status_t summing_hook(const ddp_hook_bucket_t* b, void* user) {
   HookLog* log = static_cast<HookLog*>(user);
   if (log->calls++ == log->fail_at) return DDP_ERR_INVALID_ARGUMENT;
   log->elements += b->count;
   if (b->size < sizeof(ddp_hook_bucket_t) || b->world != g_world || b->rank != g_rank) return DDP_ERR_INTERNAL;
-  return ddp_comm_allreduce(b->comm, b->buffer, b->count, b->dtype, DDP_OP_SUM, b->stream);
+  if (log->ctx) reenter(log);
+  return ddp_comm_allreduce(b->comm, b->buffer, b->count, b->dtype, log->op, b->stream);
 }
 
-bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
+// With a hook the library scales nothing (torch's semantics): an averaging hook leaves the average,
+// a summing one the sum, whatever gradient_average and gradient_predivide_factor say.
+bool hook_case(const Layout& l, uint64_t seed, ddp_op_t op, std::string* why) {
   std::mt19937_64 shared(seed), mine(seed * 3 + static_cast<uint64_t>(g_rank));
   Model m = make_model(shared, false, false);
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
@@ -794,11 +811,15 @@ bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
   cfg.message_size = 1 + shared() % 4000;
   cfg.num_streams = 1 + static_cast<int>(shared() % 2);
   cfg.gradient_predivide_factor = shared() % 2 ? 1.0 : 2.0;
+  cfg.gradient_average = op == DDP_OP_AVG || shared() % 2 ? 1 : 0;
   cfg.timeout_ms = 30000;
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
   const Closer closer{d};
   HookLog log;
+  log.op = op;
+  log.ctx = d;  // every call also tries ddp_get_stats on its own context: refused, never a deadlock
+  const double div = op == DDP_OP_AVG ? g_world : 1.0;
   EXPECT_OK(ddp_set_comm_hook(d, summing_hook, &log));
   if (!register_model(d, m, l.arena, why)) return false;
   if (!expect_status(ddp_set_comm_hook(d, summing_hook, &log), DDP_ERR_INVALID_STATE, "before the first backward", why))
@@ -819,13 +840,20 @@ bool hook_case(const Layout& l, uint64_t seed, std::string* why) {
         const Sum sum = reference_sum(seed, it, g, i, m.dtype[g], nullptr);
         // 16-bit grads: the hook gets them as the library would send them (fp32 on host comms, their
         // own type on NCCL).
-        if (!close_reduced(ref::load(host.data(), i, m.dtype[g]), sum.want / g_world, sum.mag / g_world, m.dtype[g])) {
-          *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + ": not the average";
+        if (!close_reduced(ref::load(host.data(), i, m.dtype[g]), sum.want / div, sum.mag / div, m.dtype[g])) {
+          *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + ": got " +
+                 std::to_string(ref::load(host.data(), i, m.dtype[g])) + ", not the hook's " +
+                 (op == DDP_OP_AVG ? "average " : "sum ") + std::to_string(sum.want / div);
           return false;
         }
       }
     }
     if (!same_everywhere(all_bytes(d, m, l.arena), why, "reduced grads")) return false;
+  }
+  if (log.refused != log.calls) {
+    *why = "a hook's ddp_get_stats on its own context: " + std::to_string(log.refused) + " of " +
+           std::to_string(log.calls) + " calls refused as they should (last: " + log.refusal + ")";
+    return false;
   }
   return true;
 }
@@ -835,9 +863,11 @@ void test_hooks(uint64_t seed) {
   for (int arena = 0; arena < 2; ++arena)
     for (int plan = 0; plan < 2; ++plan) {
       std::string why;
-      const bool ok = hook_case(Layout{arena, plan}, seed + static_cast<uint64_t>(++n) * 577, &why);
-      record(std::string("hook: summing over ddp_comm_allreduce, ") + (arena ? "arena" : "copy") +
-                 (plan ? " registration" : " learned"),
+      const ddp_op_t op = (arena + plan) % 2 ? DDP_OP_SUM : DDP_OP_AVG;
+      const bool ok = hook_case(Layout{arena, plan}, seed + static_cast<uint64_t>(++n) * 577, op, &why);
+      record(std::string("hook: ") + (op == DDP_OP_AVG ? "averaging" : "summing") +
+                 " over ddp_comm_allreduce is the result (no library scaling; re-entry refused), " +
+                 (arena ? "arena" : "copy") + (plan ? " registration" : " learned"),
              ok, why);
     }
   // A hook that fails on every rank at its second call: the iteration fails and the context aborts.
@@ -927,6 +957,84 @@ void test_hooks(uint64_t seed) {
   }
 }
 
+// --- bytes on the wire ----------------------------------------------------------------------------
+
+// A hook that sends the bucket as bf16 (half the bytes), averaged, and reads it back.
+ddp_status_t bf16_hook(const ddp_hook_bucket_t* b, void* user) {
+  std::vector<uint16_t>& wire = *static_cast<std::vector<uint16_t>*>(user);
+  const float* x = static_cast<const float*>(b->buffer);
+  wire.resize(b->count);
+  for (size_t i = 0; i < b->count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], 4);
+    wire[i] = static_cast<uint16_t>(u >> 16);
+  }
+  const ddp_status_t st = ddp_comm_allreduce(b->comm, wire.data(), b->count, DDP_BF16, DDP_OP_AVG, b->stream);
+  for (size_t i = 0; i < b->count; ++i) {
+    const uint32_t u = static_cast<uint32_t>(wire[i]) << 16;
+    std::memcpy(static_cast<float*>(b->buffer) + i, &u, 4);
+  }
+  return st;
+}
+
+// One f32 grad of n elements in one bucket (n divisible by every world size of the suite, large enough
+// for the host ring): what one steady iteration sent and received (`hook`: through bf16_hook).
+bool wire_iteration(size_t n, bool hook, uint64_t* sent, uint64_t* received, uint64_t* payload, std::string* why) {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.unused_policy = DDP_UNUSED_ZERO;  // no unused-grad report: the iteration is the bucket alone
+  cfg.timeout_ms = 30000;
+  ddp_t d = nullptr;
+  EXPECT_OK(ddp_create(g_comm, &cfg, &d));
+  const Closer closer{d};
+  std::vector<uint16_t> wire;
+  if (hook) EXPECT_OK(ddp_set_comm_hook(d, bf16_hook, &wire));
+  const GradBuf g = grad_buf(n * sizeof(float));
+  int idx = 0;
+  EXPECT_OK(ddp_register_grad(d, g.get(), n, DDP_F32, 0, &idx));
+  ddp_stats_t s0, s1;
+  s0.size = s1.size = sizeof(ddp_stats_t);
+  for (int it = 0; it < 2; ++it) {
+    EXPECT_OK(ddp_get_stats(d, &s0));
+    EXPECT_OK(ddp_begin_backward(d, nullptr));
+    EXPECT_OK(ddp_grad_ready(d, idx));
+    EXPECT_OK(ddp_finish_backward(d, nullptr));
+    EXPECT_OK(ddp_get_stats(d, &s1));
+  }
+  *sent = s1.bytes_sent - s0.bytes_sent;
+  *received = s1.bytes_received - s0.bytes_received;
+  *payload = s1.bytes_reduced - s0.bytes_reduced;
+  return true;
+}
+
+void test_wire_bytes() {
+  const size_t n = size_t(3) << 17;  // 1.5 MiB of f32: one ring piece, divisible by 1..4 ranks
+  // Per rank 2 (w - 1) / w of the bucket: none on one rank, 1x at 2 ranks, 1.5x at 4.
+  const uint64_t w = static_cast<uint64_t>(g_world), ring = 2 * (w - 1) * n * 4 / w;
+  std::string why;
+  uint64_t sent = 0, received = 0, payload = 0;
+  bool ok = wire_iteration(n, false, &sent, &received, &payload, &why);
+  if (ok && (sent != ring || received != ring || payload != n * 4)) {
+    ok = false;
+    why = "sent " + std::to_string(sent) + ", received " + std::to_string(received) + ", payload " +
+          std::to_string(payload) + "; the ring moves 2 (n - 1) / n x " + std::to_string(n * 4) + " = " +
+          std::to_string(ring) + " each way, payload " + std::to_string(n * 4);
+  }
+  record("stats: bytes_sent and bytes_received are the ring's 2 (n - 1) / n of the bucket; bytes_reduced the payload",
+         ok, why);
+  if (DDP_TEST_NCCL) return;  // the bf16 hook converts on the host
+  why.clear();
+  uint64_t hsent = 0, hreceived = 0, hpayload = 0;
+  ok = wire_iteration(n, true, &hsent, &hreceived, &hpayload, &why);
+  if (ok && (2 * hsent != ring || 2 * hreceived != ring || hpayload != n * 4)) {
+    ok = false;
+    why = "a hook sending bf16: sent " + std::to_string(hsent) + ", received " + std::to_string(hreceived) +
+          ", payload " + std::to_string(hpayload) + "; wanted half the fp32 ring's " + std::to_string(ring) +
+          " and the payload " + std::to_string(n * 4);
+  }
+  record("stats: a hook that sends bf16 counts half the fp32 bytes; bytes_reduced unchanged", ok, why);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -937,6 +1045,7 @@ int main(int argc, char** argv) {
   test_compression(seed + 2);
   test_int8(seed + 4);
   test_hooks(seed + 3);
+  test_wire_bytes();
   test_host_mismatch();
   return finish(label, seed);
 }

@@ -16,6 +16,7 @@
 
 #include "../support/reference.hpp"
 #include "ddp.h"
+#include "local_ranks.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -32,28 +33,6 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace {
-
-// Runs fn(rank, comm) on `n` threads over one local group; returns the number of ranks that failed.
-template <class F>
-int on_ranks(int n, F fn) {
-  ddp_local_group_t g;
-  REQUIRE(ddp_local_group_create(n, &g) == DDP_SUCCESS);
-  std::atomic<int> failed{0};
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      ddp_comm_t c;
-      if (ddp_comm_init_local(g, r, &c) != DDP_SUCCESS) {
-        ++failed;
-        return;
-      }
-      if (!fn(r, c)) ++failed;
-      ddp_comm_destroy(c);
-    });
-  for (auto& t : ts) t.join();
-  ddp_local_group_destroy(g);
-  return failed.load();
-}
 
 bool reduce_random(int rank, int world, ddp_comm_t comm, uint64_t seed, const ddp_config_t& cfg) {
   std::mt19937_64 shared(seed), mine(seed + 1 + static_cast<uint64_t>(rank));

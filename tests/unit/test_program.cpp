@@ -132,14 +132,16 @@ void check_case(const Case& c) {
     if (want == Collective::Int8) bytes = elem::int8_chunk_bytes(b.numel);
     CHECK(b.wire_bytes == bytes);
     CHECK(b.int8_chunk == (want == Collective::Int8 ? bytes : 0));
-    // Scaling: whatever is fused, pre x fused x post is apex's (1/f) x (f/divisor), or 1/f unaveraged.
-    const double want_factor = (1.0 / c.predivide) * (c.average ? c.predivide / c.divisor : 1.0);
+    // Scaling: whatever is fused, pre x fused x post is apex's (1/f) x (f/divisor), or 1/f unaveraged;
+    // with a hook 1 (the hook scales, as in torch DDP).
+    const double want_factor = c.hook ? 1.0 : (1.0 / c.predivide) * (c.average ? c.predivide / c.divisor : 1.0);
     double fused = 1.0;
     if (b.red.op == RedOp::Avg) fused = 1.0 / c.world;
     if (b.red.op == RedOp::PreMulSum || b.red.op == RedOp::SumScaled) fused = b.red.factor;
     CHECK(std::fabs(b.pre * fused * b.post - want_factor) <= 1e-15 * want_factor);
     // What each engine fuses: never anything with a hook or int8; NCCL's Avg only over the whole world.
     if (c.hook || want == Collective::Int8) CHECK(b.red.op == RedOp::Sum);
+    if (c.hook) CHECK((b.pre == 1.0 && b.post == 1.0));
     if (b.red.op == RedOp::Avg) CHECK((c.nccl && c.divisor == c.world && c.predivide == 1.0 && c.average));
     if (b.red.op == RedOp::SumScaled) CHECK_FALSE(c.nccl);
     if (b.red.op == RedOp::PreMulSum) {

@@ -139,6 +139,8 @@ struct ddp_stats_t
     layout_epoch::UInt64
     world_size::Cint
     rank::Cint
+    bytes_sent::UInt64
+    bytes_received::UInt64
 end
 
 struct ddp_bucket_info_t

@@ -152,6 +152,8 @@ class ddp_stats_t(ctypes.Structure):
         ("layout_epoch", ctypes.c_uint64),
         ("world_size", ctypes.c_int),
         ("rank", ctypes.c_int),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_received", ctypes.c_uint64),
     ]
 
 

@@ -190,6 +190,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DeviceGuard g(device_);
     DDP_NCCL_RUN(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
+    wire_bytes()->allreduce(n * dtype_size(d), size_);  // NCCL's algorithm is its own: the ring's formula
     s.watch(this, dl);
   }
 
@@ -200,6 +201,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     void* mine = static_cast<char*>(buf) + static_cast<size_t>(rank_) * m * dtype_size(d);
     DDP_NCCL_RUN(ncclReduceScatter(buf, mine, m, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
+    wire_bytes()->reduce_scatter(m * static_cast<size_t>(size_) * dtype_size(d), size_);
     s.watch(this, dl);
   }
 
@@ -209,6 +211,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     const void* mine = static_cast<const char*>(buf) + static_cast<size_t>(rank_) * bytes;
     DDP_NCCL_RUN(ncclAllGather(mine, buf, bytes, ncclUint8, comm_, cs), comm_, dl);
     in_group(dl);
+    wire_bytes()->allgather(bytes, size_);
     s.watch(this, dl);
   }
 
@@ -219,6 +222,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DeviceGuard g(device_);
     DDP_NCCL_RUN(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)), comm_,
                  dl);
+    wire_bytes()->broadcast(bytes, size_, rank_, root);
   }
 
   bool can_group() const override { return true; }
@@ -251,6 +255,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     DDP_CUDA_CHECK(cudaMemcpyAsync(d, in, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
     DDP_NCCL_RUN(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, ctrl_stream_), comm_, dl);
     wait_ctrl(dl, "NCCL allgather (control path)");
+    wire_bytes()->allgather(bytes, size_);
     DDP_CUDA_CHECK(cudaMemcpy(out, d + bytes, bytes * static_cast<size_t>(size_), cudaMemcpyDeviceToHost));
   }
 
@@ -264,6 +269,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     if (rank_ == root) DDP_CUDA_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
     DDP_NCCL_RUN(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, ctrl_stream_), comm_, dl);
     wait_ctrl(dl, "NCCL broadcast (control path)");
+    wire_bytes()->broadcast(bytes, size_, rank_, root);
     DDP_CUDA_CHECK(cudaMemcpy(buf, d, bytes, cudaMemcpyDeviceToHost));
   }
 

@@ -135,6 +135,8 @@ class LocalComm final : public Comm {
     post(send, bytes, dl);
     sum(recv, n, d, 0);
     barrier(dl);  // everyone has read every buffer
+    // Counted as the ring would move them.
+    wire_bytes()->allreduce(bytes, size());
   }
 
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
@@ -143,6 +145,7 @@ class LocalComm final : public Comm {
     post(buf, m * static_cast<size_t>(size()) * es, dl);
     sum(static_cast<char*>(buf) + at * es, m, d, at);
     barrier(dl);
+    wire_bytes()->reduce_scatter(m * static_cast<size_t>(size()) * es, size());
   }
 
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
@@ -151,6 +154,7 @@ class LocalComm final : public Comm {
     for (int r = 0; r < size(); ++r)
       if (r != rank_) std::memcpy(p + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
     barrier(dl);
+    wire_bytes()->allgather(bytes, size());
   }
 
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
@@ -163,6 +167,7 @@ class LocalComm final : public Comm {
       std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)],
                   bytes);
     barrier(dl);
+    wire_bytes()->allgather(bytes, size());
   }
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
@@ -170,6 +175,7 @@ class LocalComm final : public Comm {
     post(buf, rank_ == root ? bytes : 0, dl);
     if (rank_ != root) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
     barrier(dl);
+    wire_bytes()->broadcast(bytes, size(), rank_, root);
   }
 
   void abort() override {

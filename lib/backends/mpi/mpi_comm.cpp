@@ -314,8 +314,10 @@ class MpiComm final : public Comm {
               host::ring_allreduce(link, ring, from, to, k, d, factor);
             } else if (is_16bit(d)) {
               gathered_allreduce(ring, from, to, k, d, factor, link.worker(), dl);
+              link.wire->allgather(k * es, size_);
             } else {
               mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, link.worker(), dl);
+              link.wire->allreduce(k * es, size_);
               if (factor != 1.0) host::convert(to, d, to, d, k, factor);
             }
             done += k;
@@ -362,6 +364,7 @@ class MpiComm final : public Comm {
     DDP_MPI_CHECK(MPI_Iallgather(send_.data(), static_cast<int>(bytes), MPI_BYTE, recv_.data(), static_cast<int>(bytes),
                                  MPI_BYTE, comm_, &req));
     control_wait(&req, dl, "MPI allgather");
+    wire_bytes()->allgather(bytes, size_);
     if (bytes) std::memcpy(out, recv_.data(), recv_.size());
   }
 
@@ -393,6 +396,7 @@ class MpiComm final : public Comm {
     std::shared_ptr<host::RingBuffer> ring = ring_;
     host::BlockingCall call;
     MpiRingLink link(comm_, rank_, size_, call.on_worker(), dl);
+    link.wire = wire_bytes();
     try {
       f(*ring, link);
     } catch (const Error& e) {
@@ -436,6 +440,7 @@ class MpiComm final : public Comm {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ibcast(p + done, static_cast<int>(k), MPI_BYTE, root, comm_, &req));
       wait_request(&req, dl, "MPI broadcast");
+      wire_bytes()->broadcast(k, size_, rank_, root);
       done += k;
     }
   }

@@ -160,6 +160,8 @@ pub struct ddp_stats_t {
     pub layout_epoch: u64,
     pub world_size: c_int,
     pub rank: c_int,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
 }
 
 #[repr(C)]
