@@ -82,3 +82,36 @@ TEST_CASE("knobs: DDP_INIT_TIMEOUT_MS and DDP_STORE_PORT fail the call on a bad 
   }
   CHECK(knobs::store_port(29500) == 29501);
 }
+
+TEST_CASE("knobs: ports are read whole and in 1..65535; a derived store port past 65535 is refused") {
+  CHECK(knobs::port("MASTER_PORT", "29500") == 29500);
+  for (const char* bad : {"0", "-1", "65536", "70000", "abc", "", " 80", "80x"}) {
+    const std::string want = std::string("MASTER_PORT='") + bad + "' is not a port: expected an integer in 1..65535";
+    CHECK_THROWS_WITH_AS(knobs::port("MASTER_PORT", bad), doctest::Contains(want.c_str()), Error);
+  }
+  CHECK(knobs::store_port(65534) == 65535);
+  CHECK_THROWS_WITH_AS(knobs::store_port(65535), doctest::Contains("MASTER_PORT + 1 = 65536, outside 1..65535"), Error);
+  Scope s("DDP_STORE_PORT", "65535");
+  CHECK(knobs::store_port(65535) == 65535);  // named: no port is derived
+}
+
+TEST_CASE("knobs: DDP_JOB_ID, else TORCHELASTIC_RUN_ID; DDP_INIT_PROGRESS_MS") {
+  {
+    Scope s("TORCHELASTIC_RUN_ID", "torch-run");
+    CHECK(knobs::job_id() == "torch-run");
+    Scope d("DDP_JOB_ID", "mine");
+    CHECK(knobs::job_id() == "mine");
+  }
+  CHECK(knobs::job_id() == "");
+  CHECK(knobs::init_progress_ms() == 5000);
+  {
+    Scope s("DDP_INIT_PROGRESS_MS", "0");
+    CHECK(knobs::init_progress_ms() == 0);
+  }
+  {
+    Scope s("DDP_INIT_PROGRESS_MS", "5s");
+    CHECK(knobs::init_progress_ms() == 5000);
+    REQUIRE(g_logged.size() == 1);
+    CHECK(g_logged[0] == "DDP_INIT_PROGRESS_MS='5s' is not an integer in 0..4611686018427387904; using 5000");
+  }
+}
