@@ -202,7 +202,10 @@ $(BUILD)/obj/%.o: %.cpp $(FLAGS_STAMP)
 
 # The host element loops are memory-bound loops that GCC's -O2 leaves scalar (its cheap vectorizer
 # cost model): -O3 vectorizes them for the baseline ISA, with the same results (no fast-math).
-$(BUILD)/obj/lib/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3)
+# -ffp-contract=off, after any CXXFLAGS: GCC's default for C++ fuses a * b + c into an FMA on an FMA
+# target (-march=native, haswell, any aarch64), which would change the bits the GPU tests and the int8
+# wire's ranks rely on (kernels/elementwise.h rounds each product and sum on its own).
+$(BUILD)/obj/lib/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3) -ffp-contract=off
 
 $(SHARED): $(LIB_OBJS) lib/libddp.map
 	@echo "$(BUILD_SUMMARY)"

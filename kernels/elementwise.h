@@ -14,8 +14,37 @@
 #define DDP_HD inline
 #endif
 
+// DDP_ELEM_CONTRACTS: defined by a translation unit compiled with floating-point contraction on
+// (-ffp-contract=fast on an FMA target), as nvcc compiles the kernels: the simulated kernels of
+// tests/gpusim and a unit test. There mul_rn/add_rn keep their rounding as __fmul_rn/__fadd_rn do on
+// the GPU, and every element function has internal linkage, so that the linker never merges that
+// unit's copies with the host library's (compiled with contraction off) into one.
 namespace ddp {
 namespace elem {
+#if defined(DDP_ELEM_CONTRACTS)
+namespace {
+#endif
+
+// A product and a sum, each rounded on its own, on the host and the GPU alike. nvcc contracts
+// a * b + c into one FMA (one rounding) by default, and GCC does too on an FMA target
+// (-ffp-contract=fast is its default for C++), so element code whose bits the host and the GPU must
+// share writes such expressions with these: __fmul_rn/__fadd_rn are never contracted on the GPU;
+// on the host the element loops are compiled with -ffp-contract=off (see the Makefile), and a
+// unit that contracts stores the product through a volatile, which no compiler can fuse.
+#if defined(__CUDA_ARCH__)
+#define DDP_ELEM_RN(op, device_fn) return device_fn(a, b)
+#elif defined(DDP_ELEM_CONTRACTS)
+#define DDP_ELEM_RN(op, device_fn) \
+  volatile decltype(a) r = a op b; \
+  return r
+#else
+#define DDP_ELEM_RN(op, device_fn) return a op b
+#endif
+DDP_HD float mul_rn(float a, float b) { DDP_ELEM_RN(*, __fmul_rn); }
+DDP_HD double mul_rn(double a, double b) { DDP_ELEM_RN(*, __dmul_rn); }
+DDP_HD float add_rn(float a, float b) { DDP_ELEM_RN(+, __fadd_rn); }
+DDP_HD double add_rn(double a, double b) { DDP_ELEM_RN(+, __dadd_rn); }
+#undef DDP_ELEM_RN
 
 DDP_HD uint32_t f32_bits(float f) {
   uint32_t u;
@@ -163,7 +192,7 @@ DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, s
   for (size_t i = 0; i < n; i += L)
     for (size_t k = 0; k < L; ++k) {
       const M v = y[i + k], a = v < M(0) ? -v : v;
-      lane_poison[k] += v * M(0);
+      lane_poison[k] += mul_rn(v, M(0));
       lane_max[k] = a > lane_max[k] ? a : lane_max[k];
     }
   M amax = 0, poison = 0;
@@ -183,19 +212,24 @@ DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, s
   *scale = s;
   const M step = static_cast<M>(s), inv = s > 0.0f ? M(1) / step : M(0);
   for (size_t i = 0; i < n; ++i) {
-    M r = round_small(y[i] * inv);
+    M r = round_small(mul_rn(y[i], inv));  // fused with round_small's + 1.5 * 2^23, it would round once
     r = r > M(127) ? M(127) : r;
     r = r < M(-127) ? M(-127) : r;
     q[i] = static_cast<int8_t>(static_cast<int>(r));
-    residual[i] = static_cast<float>(y[i] - r * step);
+    residual[i] = static_cast<float>(y[i] - mul_rn(r, step));
   }
 }
 
-// acc + q * scale in T's math type: one rank's term of the dequantized sum.
+// acc + q * scale in T's math type, the product and the sum each rounded: one rank's term of the
+// dequantized sum.
 template <class T>
 DDP_HD typename T::math int8_term(typename T::math acc, int8_t q, float scale) {
-  return acc + static_cast<typename T::math>(q) * static_cast<typename T::math>(scale);
+  typedef typename T::math M;
+  return add_rn(acc, mul_rn(static_cast<M>(q), static_cast<M>(scale)));
 }
 
+#if defined(DDP_ELEM_CONTRACTS)
+}  // namespace
+#endif
 }  // namespace elem
 }  // namespace ddp

@@ -39,6 +39,11 @@ inline unsigned grid_for(size_t n) {
   return static_cast<unsigned>(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
 }
 
+// The thread bodies have internal linkage where the element functions do (elementwise.h).
+#if defined(DDP_ELEM_CONTRACTS)
+namespace {
+#endif
+
 // The segment block `b` works on: the last one whose first_block is <= b (every segment has at
 // least one block, so first_block is strictly increasing).
 DDP_HD int segment_of(const SegDesc* segs, int nseg, uint64_t b) {
@@ -155,6 +160,10 @@ DDP_HD void int8_dequant_thread(const char* chunks, size_t chunk_bytes, int worl
     out[i] = T::store(acc);
   }
 }
+
+#if defined(DDP_ELEM_CONTRACTS)
+}  // namespace
+#endif
 
 // Calls f(elem::F16{}) ... f(elem::F64{}) for `d`; false for a value that is no dtype.
 template <class F>

@@ -37,6 +37,12 @@ LIB_CXX_SRCS += $(SIM_BACKEND_SRCS)
 LIB_LDLIBS += $(SIM_LINK) -ldl
 $(patsubst %.cpp,$(BUILD)/obj/%.o,$(SIM_BACKEND_SRCS)): CXXFLAGS_ALL += $(SIM_INC)
 $(BUILD)/lib/libddp.so.$(MAJOR): $(SIM_CUDART) $(SIM_NCCL)
+# nvcc contracts a * b + c into one FMA unless the code says otherwise (__fmul_rn), so the simulated
+# kernels are compiled the same way: contraction on, and FMA instructions where the CPU has them (on
+# x86 only with -mfma; aarch64 always has them). Element code that would round differently on a GPU
+# than on the host then differs here too. DDP_ELEM_CONTRACTS: see kernels/elementwise.h.
+SIM_FMA := $(if $(shell $(CXX) -march=native -dM -E -x c++ /dev/null 2>/dev/null | grep -w __FMA__),-mfma,)
+$(BUILD)/obj/tests/gpusim/kernels_sim.o: CXXFLAGS_ALL += -ffp-contract=fast $(SIM_FMA) -DDDP_ELEM_CONTRACTS=1
 
 $(SIM_CUDART): tests/gpusim/cuda_sim.cpp $(wildcard tests/gpusim/include/*.h)
 	$(call say,CXX,$<)

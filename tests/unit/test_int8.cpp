@@ -1,6 +1,13 @@
 // The int8 wire's element operations (kernels/elementwise.h, run by host/host_kernels.cpp): each
 // block's scale and rounding against a float64 reference, the error feedback's bookkeeping (what is
-// sent plus what is kept is what came in), NaN blocks, and the rank-order dequantized sum.
+// sent plus what is kept is what came in), NaN blocks, and the rank-order dequantized sum; and the
+// GPU kernels' thread bodies compiled as nvcc compiles them (a * b + c contracted into an FMA)
+// against the host loops, bit for bit.
+//
+// This unit's copy of the element code stores its explicitly rounded products through a volatile
+// (DDP_ELEM_CONTRACTS, kernels/elementwise.h), as __fmul_rn keeps them on a GPU, so its references
+// and thread bodies round the same whatever flags the tests are built with.
+#define DDP_ELEM_CONTRACTS 1
 #include <doctest.h>
 
 #include <cmath>
@@ -36,6 +43,34 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float spread) {
   for (size_t i = 0; i < n; ++i) v[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4) * spread;
   return v;
 }
+
+// The thread bodies over a grid, compiled with contraction on and FMA instructions, as nvcc compiles
+// them: `flatten` inlines every element function here, where contraction happens. GCC contracts by
+// default in C++; on x86 FMA needs the target attribute (and the CPU, checked before calling them).
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define AS_NVCC __attribute__((target("fma"), flatten))
+bool can_contract() { return __builtin_cpu_supports("fma"); }
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__aarch64__)
+#define AS_NVCC __attribute__((flatten))
+bool can_contract() { return true; }
+#else
+#define AS_NVCC
+bool can_contract() { return false; }
+#endif
+
+AS_NVCC void quantize_grid(const float* x, float* residual, size_t n, char* chunk) {
+  for (size_t blk = 0; blk < 2; ++blk)  // 2 blocks of 3 threads, every thread striding over int8 blocks
+    for (size_t t = 0; t < 3; ++t) kern::int8_quantize_thread<elem::F32>(x, residual, n, chunk, blk, t, 3, 2);
+}
+
+AS_NVCC void dequant_grid(const char* chunks, size_t cb, int world, size_t n, float* out) {
+  for (size_t blk = 0; blk < 4; ++blk)
+    for (size_t t = 0; t < 32; ++t) kern::int8_dequant_thread<elem::F32>(chunks, cb, world, n, out, blk, t, 32, 4);
+}
+
+// (1 + 2^-23)^2 - (1 + 2^-22) is 2^-46 when fused into one FMA, 0 with the product rounded first.
+AS_NVCC float contracted_residue(float a, float c) { return a * a - c; }
+AS_NVCC float rounded_residue(float a, float c) { return elem::add_rn(elem::mul_rn(a, a), -c); }
 
 }  // namespace
 
@@ -154,14 +189,21 @@ TEST_CASE("int8: the dequantized sum adds every rank's term in rank order, in th
   for (size_t i = 0; i < n; ++i) {
     float want = 0.0f;
     for (int r = 0; r < world; ++r)
-      want = want +
-             static_cast<float>(chunks[static_cast<size_t>(r)].q(i)) * chunks[static_cast<size_t>(r)].scale(i / 256);
-    REQUIRE(out[i] == want);  // bit for bit: the same order of fp32 additions
+      want = elem::add_rn(want, elem::mul_rn(static_cast<float>(chunks[static_cast<size_t>(r)].q(i)),
+                                             chunks[static_cast<size_t>(r)].scale(i / 256)));
+    REQUIRE(out[i] == want);  // bit for bit: the same order of fp32 additions, each product rounded
   }
 }
 
-TEST_CASE("int8: the GPU kernels' thread bodies, run over a grid, give the host loops' bits") {
-  const size_t n = 1000;
+TEST_CASE("int8: the GPU kernels' thread bodies, run over a grid as nvcc compiles them, give the host loops' bits") {
+  if (!can_contract()) {
+    MESSAGE("this CPU or compiler cannot contract a * b + c: the bodies run unfused");
+  } else {
+    volatile float a = 1.0f + std::ldexp(1.0f, -23), c = 1.0f + std::ldexp(1.0f, -22);  // not folded at compile time
+    REQUIRE(contracted_residue(a, c) == std::ldexp(1.0f, -46));                         // this unit does contract
+    REQUIRE(rounded_residue(a, c) == 0.0f);                                             // and mul_rn still rounds
+  }
+  const size_t n = 70001;  // 274 blocks, the last one short
   const int world = 3;
   std::vector<char> host_all, grid_all;
   size_t cb = 0;
@@ -171,18 +213,15 @@ TEST_CASE("int8: the GPU kernels' thread bodies, run over a grid, give the host 
     Chunk a(n), b(n);
     cb = a.bytes.size();
     host::int8_quantize(x.data(), Dtype::F32, n, res_host.data(), a.bytes.data());
-    // A grid of 2 blocks of 3 threads, every thread striding over the int8 blocks.
-    for (size_t blk = 0; blk < 2; ++blk)
-      for (size_t t = 0; t < 3; ++t)
-        kern::int8_quantize_thread<elem::F32>(x.data(), res_grid.data(), n, b.bytes.data(), blk, t, 3, 2);
+    quantize_grid(x.data(), res_grid.data(), n, b.bytes.data());
     REQUIRE(std::memcmp(a.bytes.data(), b.bytes.data(), 4 * elem::int8_blocks(n) + n) == 0);
     REQUIRE(std::memcmp(res_host.data(), res_grid.data(), n * sizeof(float)) == 0);
     host_all.insert(host_all.end(), a.bytes.begin(), a.bytes.end());
   }
   std::vector<float> out_host(n), out_grid(n);
   host::int8_dequant_sum(host_all.data(), cb, world, n, Dtype::F32, out_host.data());
-  for (size_t blk = 0; blk < 4; ++blk)
-    for (size_t t = 0; t < 32; ++t)
-      kern::int8_dequant_thread<elem::F32>(host_all.data(), cb, world, n, out_grid.data(), blk, t, 32, 4);
-  CHECK(std::memcmp(out_host.data(), out_grid.data(), n * sizeof(float)) == 0);
+  dequant_grid(host_all.data(), cb, world, n, out_grid.data());
+  size_t differ = 0;
+  for (size_t i = 0; i < n; ++i) differ += std::memcmp(&out_host[i], &out_grid[i], sizeof(float)) != 0;
+  CHECK(differ == 0);
 }
