@@ -220,7 +220,10 @@ DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
  * DDP_ERR_INVALID_ARGUMENT for a malformed method or a missing variable; DDP_ERR_UNSUPPORTED in a
  * build without Gloo. */
 DDP_API ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int size, ddp_comm_t* comm);
-/* As ddp_comm_init_gloo, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
+/* As ddp_comm_init_gloo, with the bound given: `timeout_ms` milliseconds, 0 to wait forever; the
+ * whole creation (rendezvous, connections, first barrier) ends within it. Every duration argument of
+ * this header and DDP_INIT_TIMEOUT_MS (0 .. 2^62) may be as large as its type holds: a deadline past
+ * the clock's range (about 292 years) is forever. */
 DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int size, int64_t timeout_ms,
                                                 ddp_comm_t* comm);
 
@@ -322,7 +325,8 @@ typedef struct ddp_config {
    * duplicates of the context's communicator. Borrowed: they must outlive the context. */
   const ddp_comm_t* stream_comms;
   /* A collective that does not complete within this many milliseconds fails with DDP_ERR_TIMEOUT and
-   * aborts the context. Default 300000 (5 minutes); 0 waits forever. */
+   * aborts the context; it also bounds ddp_create. Default 300000 (5 minutes); 0 waits forever.
+   * 0 .. 9.2e18: a value that puts the deadline past the clock's range (about 292 years) is forever. */
   int64_t timeout_ms;
   /* ddp_unused_policy_t. */
   int unused_policy;
@@ -349,7 +353,8 @@ typedef struct ddp_config {
   /* Version 2. A bucket that has waited this many milliseconds for the other ranks is reported once,
    * as a warning through the log callback (ddp_set_log_callback): which ranks have not arrived and
    * where every rank that answers stands; the wait goes on until timeout_ms. 0 (default) is the
-   * library's choice, 60000 (one minute); a value >= timeout_ms never warns before the timeout. */
+   * library's choice, 60000 (one minute); a value >= timeout_ms never warns before the timeout.
+   * 0 .. 9.2e18; past the clock's range (about 292 years) it never warns. */
   int64_t stall_warning_ms;
 
   /* Version 3 (libddp 0.2). Sharded reduction, for sharded optimizers (ZeRO-1/2, Megatron's

@@ -58,20 +58,39 @@ std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // "rank 3" or "ranks 0, 2": how messages name ranks.
 std::string rank_list(const std::vector<int>& ranks);
 
-// A point in time after which a wait gives up; "never" when the timeout is 0.
+// `t` plus `ms` milliseconds, saturated: a point past the clock's range (about 292 years of
+// nanoseconds from its epoch) is the clock's last point, which no wait reaches, instead of an
+// overflow. Any int64_t is accepted; `ms` <= 0 gives `t`.
+template <class TimePoint>
+inline TimePoint add_ms_saturated(TimePoint t, int64_t ms) {
+  if (ms <= 0) return t;
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(TimePoint::max() - t).count();
+  if (t.time_since_epoch().count() < 0 || ms >= room) return TimePoint::max();
+  return t + std::chrono::milliseconds(ms);
+}
+
+// A point in time after which a wait gives up; "never" when the timeout is 0, and when it lies past
+// the clock's range (any timeout of the API may be as large as INT64_MAX: see add_ms_saturated).
 class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
   static Deadline after_ms(int64_t ms) {
     Deadline d;
-    d.infinite_ = ms <= 0;
-    if (!d.infinite_) d.at_ = Clock::now() + std::chrono::milliseconds(ms);
+    if (ms > 0) d.at_ = add_ms_saturated(Clock::now(), ms);
+    d.infinite_ = ms <= 0 || d.at_ == Clock::time_point::max();
     return d;
   }
   static Deadline never() { return after_ms(0); }
+  // The one of `a` and `b` that passes first.
+  static Deadline earlier(Deadline a, Deadline b) {
+    if (a.infinite_) return b;
+    if (b.infinite_) return a;
+    return a.at_ <= b.at_ ? a : b;
+  }
   bool infinite() const { return infinite_; }
   bool passed() const { return !infinite_ && Clock::now() >= at_; }
-  Clock::time_point at() const { return at_; }
+  // The point itself; the clock's last point when infinite.
+  Clock::time_point at() const { return infinite_ ? Clock::time_point::max() : at_; }
 
  private:
   bool infinite_ = true;

@@ -172,9 +172,9 @@ void HostStream::drain(Deadline deadline) {
     Deadline::Clock::time_point until = Deadline::Clock::time_point::max();
     if (!deadline.infinite()) until = deadline.at();
     const bool bounded = w.task_timeout_ms > 0 && w.running;
-    if (bounded) until = std::min(until, w.task_start + std::chrono::milliseconds(w.task_timeout_ms));
+    if (bounded) until = std::min(until, add_ms_saturated(w.task_start, w.task_timeout_ms));
     const bool warn = w.stall_ms > 0 && w.running && w.warned_task != w.finished && w.stall_warn;
-    const auto warn_at = w.task_start + std::chrono::milliseconds(w.stall_ms);
+    const auto warn_at = add_ms_saturated(w.task_start, w.stall_ms);
     if (warn) until = std::min(until, warn_at);
     if (until == Deadline::Clock::time_point::max()) {
       w.done_cv.wait(lock);

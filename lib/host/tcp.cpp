@@ -36,7 +36,7 @@ void Socket::close() {
 int64_t ms_left(Deadline dl, int64_t forever) {
   if (dl.infinite()) return forever;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(dl.at() - Deadline::Clock::now()).count();
-  return std::max<int64_t>(1, left);
+  return std::min(std::max<int64_t>(1, left), forever);  // a wait longer than "forever" is forever
 }
 
 namespace {
