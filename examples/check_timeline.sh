@@ -39,7 +39,7 @@ for layout in arena copy; do
   if [ $rc -ne 0 ]; then echo "$out" | tail -n 20; echo "timeline: the $layout demo failed (exit $rc)"; fail=$((fail + 1)); continue; fi
   buckets=$(echo "$out" | sed -nE 's/.* ([0-9]+) buckets .*/\1/p' | head -n 1)
   if /usr/bin/env python3 - "$dir" "$layout" "$steps" "$buckets" "$now" "$merge" "$SEED" <<'PY'
-import collections, json, random, subprocess, sys
+import collections, json, os, random, subprocess, sys
 d, layout, merge = sys.argv[1], sys.argv[2], sys.argv[6]
 steps, buckets, now, seed = (int(a) for a in (sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[7]))
 sys.path.insert(0, d)
@@ -126,6 +126,30 @@ if events[0] is not None and events[1] is not None:
         if m is not None and len(m) != k + len(events[1]):
             bad.append(f"{tpath}: cut after {k} events {what}: the merge kept {len(m)}, want {k + len(events[1])}")
     print(f"  rank 0 cut after {k} of {len(lines) - 1} events (at a boundary and inside the next): merged")
+    # Broken before its end (a partial event with events after it, as two writers of one file leave it;
+    # text after the closing bracket): refused, naming the file and line, and nothing written.
+    bpath, bout = f"{d}/{layout}.broken.rank0.json", f"{d}/{layout}.broken.merged.json"
+    for what, text in (("a partial event mid-file", "\n".join(lines[:1 + k] + [lines[1 + k][:5]] + lines[1 + k:]) + "\n]\n"),
+                       ("text after the closing bracket", texts[0] + texts[1])):
+        open(bpath, "w").write(text)
+        p = subprocess.run([sys.executable, merge, "-o", bout, bpath], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        msg = p.stdout.decode()
+        if p.returncode != 1 or f"{bpath}: line " not in msg or "nothing merged" not in msg or os.path.exists(bout):
+            bad.append(f"{bpath} ({what}): exit {p.returncode}, output {msg[-300:]!r}: not refused by line")
+    print("  a file broken before its end: refused, naming the line")
+    # A rank's second context writes <root>.ctx1.rank0.json: merged from the root path, as a process of its own.
+    import shutil
+    for name in ("rank0", "rank1", "ctx1.rank0"):
+        shutil.copy(f"{d}/{layout}.rank{name[-1]}.json", f"{d}/{layout}g.{name}.json")
+    m = run_merge(f"{d}/{layout}g.merged.json", f"{d}/{layout}g.json")
+    if m is not None:
+        pids = sorted({e["pid"] for e in m if "pid" in e})
+        names = {e["args"]["name"] for e in m if e.get("name") == "process_name"}
+        if pids != [0, 1, 100000] or "rank 0, context 1" not in names or len(m) != 2 * len(events[0]) + len(events[1]):
+            bad.append(f"contexts merged: pids {pids}, names {sorted(names)}, {len(m)} events")
+        else:
+            print("  a second context's files merged as processes of their own")
     m = run_merge(f"{d}/{layout}.merged.json", f"{d}/{layout}.json")  # the DDP_TIMELINE path finds its ranks
     if m is not None:
         first = {}

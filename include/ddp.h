@@ -333,7 +333,9 @@ typedef struct ddp_config {
   /* If not NULL, each rank writes a Chrome trace of bucket events to this path, with ".rank<N>"
    * inserted before the extension (array form, one event per line, flushed every iteration;
    * timestamps in microseconds since the Unix epoch; tools/merge_timeline.py merges the ranks).
-   * The environment variable DDP_TIMELINE does the same. Copied. */
+   * A rank's second, third ... live context in one process writes ".ctx1.rank<N>", ".ctx2.rank<N>"
+   * ... instead, so that no two contexts share a file. The environment variable DDP_TIMELINE does
+   * the same. Copied. */
   const char* timeline_path;
   /* If set, every reduced bucket is scanned for NaN/Inf; ddp_stats_t.nonfinite_buckets counts them.
    * Values are never changed. */

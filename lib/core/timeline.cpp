@@ -2,18 +2,43 @@
 
 #include <chrono>
 #include <cinttypes>
+#include <set>
 
 #include "core/common.hpp"
 
 namespace ddp {
 
-std::string timeline_rank_path(const std::string& path, int rank) {
+std::string timeline_rank_path(const std::string& path, int rank, int context) {
   size_t slash = path.find_last_of('/');
   size_t dot = path.find_last_of('.');
-  std::string tag = format(".rank%d", rank);
+  std::string tag = (context > 0 ? format(".ctx%d", context) : std::string()) + format(".rank%d", rank);
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + tag;
   return path.substr(0, dot) + tag + path.substr(dot);
 }
+
+namespace {
+
+// The timeline files that live contexts of this process write: two contexts of one rank (a GAN's two
+// models, a teacher and a student) must not open one file, or their writes interleave into a trace
+// that no viewer reads.
+std::mutex g_open_mu;
+std::set<std::string> g_open;
+
+// Claims the first free name: the plain rank path, else ".ctx1", ".ctx2", ... before it.
+std::string claim_path(const std::string& path, int rank) {
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  for (int context = 0;; ++context) {
+    std::string p = timeline_rank_path(path, rank, context);
+    if (g_open.insert(p).second) return p;
+  }
+}
+
+void release_path(const std::string& p) {
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  g_open.erase(p);
+}
+
+}  // namespace
 
 static uint64_t epoch_ns() {
   return static_cast<uint64_t>(
@@ -21,10 +46,12 @@ static uint64_t epoch_ns() {
           .count());
 }
 
-Timeline::Timeline(const std::string& path, int rank, int num_streams)
-    : path_(timeline_rank_path(path, rank)), rank_(rank) {
+Timeline::Timeline(const std::string& path, int rank, int num_streams) : path_(claim_path(path, rank)), rank_(rank) {
   file_ = std::fopen(path_.c_str(), "w");
-  if (!file_) fail(DDP_ERR_INVALID_ARGUMENT, "cannot write the timeline file '%s'", path_.c_str());
+  if (!file_) {
+    release_path(path_);
+    fail(DDP_ERR_INVALID_ARGUMENT, "cannot write the timeline file '%s'", path_.c_str());
+  }
   steady_origin_ns_ = now_ns();
   epoch_origin_ns_ = epoch_ns();
   events_.reserve(4096);
@@ -41,6 +68,7 @@ Timeline::~Timeline() {
     std::fputs("\n]\n", file_);
     std::fclose(file_);
   }
+  release_path(path_);
 }
 
 void Timeline::next_line() {

@@ -18,9 +18,10 @@ namespace ddp {
 
 class Timeline {
  public:
-  // Opens `path` with ".rank<N>" inserted before its extension and writes the process and thread
-  // names (pid = rank; tid 0 the trainer, tid 1 + s bucket stream s); throws DDP_ERR_INVALID_ARGUMENT
-  // if it cannot be written.
+  // Opens `path` with ".rank<N>" inserted before its extension (".ctx<K>.rank<N>" when another live
+  // context of this process writes that file already, K the smallest free) and writes the process and
+  // thread names (pid = rank; tid 0 the trainer, tid 1 + s bucket stream s); throws
+  // DDP_ERR_INVALID_ARGUMENT if it cannot be written.
   Timeline(const std::string& path, int rank, int num_streams);
   ~Timeline();
 
@@ -30,6 +31,8 @@ class Timeline {
   void iteration(uint64_t iteration, uint64_t begin_ns, uint64_t end_ns);
   // Writes the buffered events and flushes the file. Thread-safe.
   void flush();
+  // The file written.
+  const std::string& path() const { return path_; }
 
  private:
   struct Event {
@@ -54,7 +57,8 @@ class Timeline {
   uint64_t epoch_origin_ns_;   // the wall clock (since the Unix epoch) at the same moment
 };
 
-// The path with ".rank<N>" before the extension: "t.json" -> "t.rank0.json".
-std::string timeline_rank_path(const std::string& path, int rank);
+// The path with ".rank<N>" before the extension: "t.json" -> "t.rank0.json"; for a rank's second,
+// third ... live context in one process (context 1, 2, ...): "t.ctx1.rank0.json".
+std::string timeline_rank_path(const std::string& path, int rank, int context = 0);
 
 }  // namespace ddp
