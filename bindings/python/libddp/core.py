@@ -108,6 +108,11 @@ class _Handle:
         except Exception:
             pass
 
+    def __reduce_ex__(self, protocol):
+        # A copy would own the same library handle and destroy it a second time.
+        raise TypeError("libddp: a %s is a live handle of the library; it cannot be pickled or copied (make a new "
+                        "one in the process that needs it)" % self._kind)
+
 
 class Comm(_Handle):
     """A communicator. Make one with Comm.mpi(), Comm.gloo(...), Comm.self(), Comm.nccl(...), Comm.nccl_mpi(...),
@@ -534,6 +539,27 @@ class DDP(_Handle):
 
     def synchronize(self):
         L.lib.ddp_synchronize(self._handle())
+
+    def set_comm_hook(self, fn):
+        """ddp_set_comm_hook with a Python function: fn(bucket), `bucket` a ddp_hook_bucket_t, runs on the
+        library's threads for every bucket of every synced iteration and leaves the reduced gradient in
+        bucket.buffer (the library applies no scaling). An exception it raises fails the bucket (the
+        context aborts) and is kept in `hook_error`. None: the library's allreduce again. Before the first
+        backward pass."""
+        if fn is None:
+            thunk = L.ddp_comm_hook_fn()
+        else:
+            def call(bucket, _user):
+                try:
+                    fn(bucket.contents)
+                    return L.DDP_SUCCESS
+                except BaseException as e:  # nothing may unwind into C
+                    self.hook_error = e
+                    return L.DDP_ERR_INTERNAL
+            thunk = L.ddp_comm_hook_fn(call)
+        L.lib.ddp_set_comm_hook(self._handle(), thunk, None)
+        self._hook_thunk = thunk  # must outlive its registration
+        self.hook_error = None
 
     def join(self):
         """Uneven inputs (uneven_inputs="by_contributors" or "by_world"): this rank is out of data and

@@ -26,18 +26,21 @@ flat shards only (its state is 1/world of the model), clips by the global norm i
 the parameters, which the next forward pass waits for layer by layer.
 """
 import contextlib
+import copy
 import ctypes
 import os
 import socket
 import threading
+import warnings
+import weakref
 
 import torch
 
 from . import _lib as L
 from .core import _ENUMS, DDP, Comm, dtype_code
-from .errors import DDPError, InvalidArgumentError, InvalidStateError, UnsupportedError
+from .errors import DDPError, InvalidArgumentError, InvalidStateError, MismatchError, UnsupportedError
 
-__all__ = ["DistributedDataParallel", "ShardedOptimizer", "default_comm"]
+__all__ = ["DistributedDataParallel", "GradBucket", "ShardedOptimizer", "default_comm"]
 
 
 class _CudaView:
@@ -55,19 +58,7 @@ _TYPESTR = {torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16
 
 def _view(ptr, like):
     """A tensor shaped like `like` (a parameter or tensor) over the library's memory at `ptr`."""
-    n = like.numel()
-    if like.is_cuda:
-        if like.dtype not in _TYPESTR:
-            raise TypeError("libddp.torch: the arena layout on CUDA supports float16/bfloat16/32/64, not %s"
-                            % like.dtype)
-        typestr, cast = _TYPESTR[like.dtype]
-        t = torch.as_tensor(_CudaView(ptr, n, typestr), device=like.device)
-        if cast is not None:
-            t = t.view(cast)
-    else:
-        raw = (ctypes.c_byte * (n * like.element_size())).from_address(ptr)
-        t = torch.frombuffer(raw, dtype=like.dtype, count=n)
-    return t.view(like.shape)
+    return _flat(ptr, like.numel(), like.dtype, like.device).view(like.shape)
 
 
 _RAW_WIDTHS = ((8, torch.float64), (4, torch.float32), (2, torch.float16))
@@ -130,20 +121,28 @@ def _free_port(host):
         return s.getsockname()[1]
 
 
-def _torch_gloo(dist):
-    """A Gloo comm over torch.distributed's world: rank 0 picks a free port of its own, the address
-    travels over torch.distributed, the ranks meet there (tcp://)."""
-    if dist.get_world_size() == 1:
+def _torch_gloo(dist, group=None):
+    """A Gloo comm over torch.distributed's world (or `group`'s members): the group's first rank picks a
+    free port of its own, the address travels over torch.distributed, the ranks meet there (tcp://)."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    if size == 1:
         return Comm.self()
     box = [None]
-    if dist.get_rank() == 0:
+    if me == 0:
         host = _store_address()
         box[0] = "tcp://%s:%d" % (host, _free_port(host))
-    dist.broadcast_object_list(box, src=0)
-    return Comm.gloo(box[0], dist.get_rank(), dist.get_world_size())
+    dist.broadcast_object_list(box, src=_group_root(dist, group), group=group)
+    return Comm.gloo(box[0], me, size)
 
 
-def default_comm(device):
+def _group_root(dist, group):
+    """The global rank of `group`'s rank 0."""
+    if group is None:
+        return 0
+    return dist.distributed_c10d._get_global_rank(group, 0)
+
+
+def default_comm(device, process_group=None):
     """The communicator for parameters on `device`, over the job this process was launched in:
     - torch.distributed initialized (torchrun, any launcher): its world. CPU memory: a Gloo comm of
       libddp's own whose address travels over torch.distributed; CUDA memory: NCCL, rank 0's id
@@ -152,16 +151,20 @@ def default_comm(device):
       with its id sent over Gloo (CUDA), env://.
     - else MPI (CPU) or NCCL with its id sent over MPI (CUDA); one lone process in a build without MPI
       gets Comm.self().
+    - process_group (a torch.distributed group): a comm of that group's members, as above.
     Never a world of one in a job of more (see DistributedDataParallel)."""
     dist = torch.distributed
     cuda = device.type == "cuda"
     index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else 0
+    if process_group is not None and not (dist.is_available() and dist.is_initialized()):
+        raise InvalidStateError("libddp.torch: process_group given but torch.distributed is not initialized")
     if dist.is_available() and dist.is_initialized():
         if not cuda:
-            return _torch_gloo(dist)
-        box = [bytes(Comm.nccl_unique_id()) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return Comm.nccl(box[0], dist.get_world_size(), dist.get_rank(), index)
+            return _torch_gloo(dist, process_group)
+        g = process_group
+        box = [bytes(Comm.nccl_unique_id()) if dist.get_rank(g) == 0 else None]
+        dist.broadcast_object_list(box, src=_group_root(dist, g), group=g)
+        return Comm.nccl(box[0], dist.get_world_size(g), dist.get_rank(g), index)
     if all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         return Comm.nccl_store("env://", device=index) if cuda else Comm.gloo("env://")
     if cuda:
@@ -174,10 +177,14 @@ def default_comm(device):
         return Comm.self()
 
 
-def _check_world(comm):
+def _check_world(comm, process_group=None):
     """Raises when `comm` leaves this process alone (or in a smaller world) in a job of more processes:
-    training alone silently is the one failure a DDP wrapper must never have."""
-    n, where = _launched_world()
+    training alone silently is the one failure a DDP wrapper must never have. With a process group, the
+    comm must have the group's size."""
+    if process_group is not None:
+        n, where = torch.distributed.get_world_size(process_group), "process_group"
+    else:
+        n, where = _launched_world()
     size = comm.size
     if n > 1 and size != n:
         raise InvalidStateError(
@@ -189,87 +196,240 @@ def _check_world(comm):
 
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters' grads are reduced across the ranks of `comm` in every backward pass.
-
+    torch.nn.parallel.DistributedDataParallel's arguments mean what they mean there (docs/bindings.md,
+    "From torch DDP", says row by row what is the same and what differs):
+    device_ids, output_device: None for a CPU module; one device for a CUDA module (inputs are moved there).
+    dim: accepted (a single-device module scatters nothing). broadcast_buffers: rank 0's buffers copied to
+    every rank before each training forward. process_group: a torch.distributed group (a subgroup
+    included): the ranks reduce over a libddp comm of that group's members. bucket_cap_mb: the bucket size
+    (message_size in elements of the parameters' type). find_unused_parameters, static_graph: as torch's.
+    check_reduction: deprecated in torch, ignored. gradient_as_bucket_view=True: layout="arena".
+    libddp's own keywords:
     comm: a libddp.Comm (default: default_comm(device of the parameters): torch.distributed's world when it
     is initialized (Gloo for CPU parameters, NCCL for CUDA ones), else torchrun's environment, else MPI).
     A comm whose world differs from the job's (torch.distributed's, or WORLD_SIZE, OMPI_COMM_WORLD_SIZE,
-    PMI_SIZE) raises libddp.InvalidStateError: a process never trains alone silently.
+    PMI_SIZE; process_group's size when one is given) raises libddp.InvalidStateError: a process never
+    trains alone silently.
     layout: "copy" (grads stay torch's own tensors) or "arena" (p.grad become views into the library's
     bucket buffers: zero copies; apex retain_allreduce_buffers / torch gradient_as_bucket_view).
-    find_unused_parameters: parameters that get no grad in a backward pass are allowed (see the module's
-    docstring for what their .grad becomes); without it such a pass raises libddp.InvalidStateError.
-    broadcast_parameters: copy rank 0's parameters and buffers to every rank at construction.
-    broadcast_buffers: copy rank 0's buffers to every rank before each training forward (torch's default).
+    broadcast_parameters: copy rank 0's parameters (frozen ones too) and buffers to every rank at
+    construction (torch always does).
     Other keywords are libddp config fields (message_size, delay_allreduce, gradient_average,
     gradient_predivide_factor, allreduce_always_fp32, num_streams, timeout_ms, plan_order, ...).
     """
 
-    def __init__(self, module, comm=None, *, layout="copy", find_unused_parameters=False,
-                 broadcast_parameters=True, broadcast_buffers=True, allreduce_trigger_params=None, **config):
+    def __init__(self, module, comm=None, *, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
+                 process_group=None, bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False, layout=None, broadcast_parameters=True,
+                 allreduce_trigger_params=None, **config):
         super().__init__()
+        if comm is not None and not isinstance(comm, Comm):  # torch's second positional argument
+            if isinstance(comm, (list, tuple, int, torch.device)):
+                device_ids, comm = comm, None
+            elif _is_process_group(comm):
+                process_group, comm = comm, None
+            else:
+                raise TypeError("libddp.torch: comm must be a libddp.Comm, not %s" % type(comm).__name__)
+        if check_reduction:
+            warnings.warn("The `check_reduction` argument of DistributedDataParallel is deprecated in torch and "
+                          "ignored: a backward pass that leaves parameters without a grad is reported anyway")
+        if gradient_as_bucket_view:
+            layout = "arena" if layout in (None, "copy") else layout
+        opts = dict(device_ids=device_ids, output_device=output_device, dim=dim, broadcast_buffers=broadcast_buffers,
+                    bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters,
+                    static_graph=static_graph, layout=layout or "copy", triggers=allreduce_trigger_params,
+                    config=dict(config))
+        self._setup(module, comm, process_group, opts, broadcast_parameters)
+
+    def _setup(self, module, comm, process_group, opts, broadcast):
+        self._options = opts
+        self._hooks = []
         self.module = module
-        self._params = self._trainable(module)
+        self.dim = opts["dim"]
+        self.parameters_to_ignore = list(getattr(module, "_ddp_params_and_buffers_to_ignore", None) or ())
+        self._ignore = set(self.parameters_to_ignore)
+        self._params = self._trainable(module, self._ignore)
         self._cuda = self._params[0].is_cuda
+        self.device = self._params[0].device
+        self._check_devices(opts["device_ids"], opts["output_device"])
+        self._refuse_sparse(module)
+        config = dict(opts["config"])
+        if opts["bucket_cap_mb"] is not None and "message_size" not in config:
+            config["message_size"] = max(1, int(opts["bucket_cap_mb"] * 1024 * 1024) // self._params[0].element_size())
+        self.process_group = process_group
         self._own_comm = comm is None  # made here: closed with this wrapper
-        self.comm = comm if comm is not None else default_comm(self._params[0].device)
+        self.comm = comm if comm is not None else default_comm(self.device, process_group)
         try:
-            _check_world(self.comm)
+            _check_world(self.comm, process_group)
         except Exception:
             if self._own_comm:
                 self.comm.close()
             raise
         self.sharded = bool(config.get("shard", False))
+        layout = opts["layout"]
+        self.static_graph = bool(opts["static_graph"])
+        self.find_unused_parameters = bool(opts["find_unused_parameters"])
         if self.sharded:
             layout = "arena" if layout == "copy" else layout  # a shard is a range of the arena
-            if find_unused_parameters:
-                raise ValueError("libddp.torch: find_unused_parameters is not available with shard=True (the usage "
-                                 "map would be reduced into one rank's shard); use unused_policy='zero'")
+            if self.find_unused_parameters or self.static_graph:
+                raise ValueError("libddp.torch: find_unused_parameters and static_graph are not available with "
+                                 "shard=True (the usage map would be reduced into one rank's shard); use "
+                                 "unused_policy='zero'")
+        self._layout = layout
         self.arena = layout in ("arena", L.DDP_LAYOUT_ARENA)
+        self.gradient_as_bucket_view = self.arena
         config.setdefault("plan_order", "registration" if self.arena else "learned")
         uneven = config.get("uneven_inputs", "off")
         self._uneven = _ENUMS["uneven_inputs"].get(uneven, uneven)
-        if self._uneven != L.DDP_UNEVEN_OFF and broadcast_buffers and any(b.numel() for b in module.buffers()):
-            if self._own_comm:
-                self.comm.close()
-            raise InvalidArgumentError(
-                "libddp.torch: uneven_inputs with broadcast_buffers=True and a module with buffers (%s): a rank in "
-                "join() takes no part in the buffers' broadcast before each forward, so the others would wait for it "
-                "until the timeout; create the wrapper with broadcast_buffers=False (each rank keeps its own "
-                "BatchNorm statistics), and after join() returns copy the buffers from the rank that ran every "
-                "iteration (model.ddp.broadcast(list(model.module.buffers()), root=that_rank))"
-                % ", ".join(n for n, b in module.named_buffers() if b.numel())[:200])
-        self.ddp = DDP(self.comm, layout=layout, **config)
-        self.find_unused = bool(find_unused_parameters)
-        self.broadcast_buffers = bool(broadcast_buffers)
+        self.broadcast_buffers = bool(opts["broadcast_buffers"])
+        if self._uneven != L.DDP_UNEVEN_OFF:
+            try:
+                self._refuse_buffers_with_uneven()
+            except Exception:
+                if self._own_comm:
+                    self.comm.close()
+                raise
+        self._config = config
+        self._triggers = opts["triggers"]
+        self.require_backward_grad_sync = True
         self._buffers_due = True  # torch syncs buffers before the first forward too
         self._sync = True
         self._early_exit_check = False  # inside join(throw_on_early_termination=True)
+        self._comm_hook = None  # (state, hook) of register_comm_hook
+        self._buffer_hook = None  # (state, hook, location) of _register_buffer_comm_hook
+        self._buffer_futures = []
+        self._static_counts = None  # static_graph: how many times each grad hook fires per iteration
+        self._in_backward = False
+        self._make_context(broadcast)
 
-        if broadcast_parameters:
-            with torch.no_grad():
-                params = [p.data if p.is_contiguous() else p.data.contiguous() for p in self._params]
-                self.ddp.broadcast(params, root=0, stream=self._stream())
-            self._sync_buffers()
-        self._register(allreduce_trigger_params)
+    @property
+    def find_unused(self):
+        """Whether the usage map is reduced with the grads: find_unused_parameters, or static_graph (which
+        finds the unused parameters by itself, as torch's does)."""
+        return self.find_unused_parameters or self.static_graph
+
+    def _make_context(self, broadcast):
+        """A new libddp context for the model: created, checked across ranks and (at construction) the
+        model broadcast, the comm hook set, the grads registered (collective), the grad hooks installed."""
+        self.ddp = DDP(self.comm, layout=self._layout, **self._config)
+        if broadcast is not None:
+            synced = self._synced_tensors()
+            self._verify_same_model(synced)
+            if broadcast:
+                self._broadcast_tensors([t for _, t in synced], 0)
+        if self._comm_hook is not None:
+            ref = weakref.ref(self)
+
+            def run(bucket):
+                model = ref()
+                if model is not None:
+                    model._run_comm_hook(bucket)
+            self.ddp.set_comm_hook(run)
+        self._register(self._triggers)
         self._install_hooks()
         self._gathering = False
         if self.sharded:
             self._bind_params()
 
+    def _rebuild(self):
+        """A fresh context with the current settings (comm hook, static graph, uneven inputs), the grads as
+        they are. Collective: every rank calls it at the same point."""
+        if self._in_backward:
+            raise RuntimeError("libddp.torch: not between a forward pass and its backward pass")
+        self._teardown()
+        self._make_context(None)
+
     @staticmethod
-    def _trainable(module):
+    def _trainable(module, ignore=()):
+        named = dict((id(p), n) for n, p in module.named_parameters())
         seen, params = set(), []
         for p in module.parameters():  # tied weights appear once
-            if p.requires_grad and id(p) not in seen:
+            if p.requires_grad and id(p) not in seen and named.get(id(p)) not in ignore:
                 seen.add(id(p))
                 params.append(p)
         if not params:
-            raise ValueError("libddp.torch: the module has no parameter that requires grad")
+            raise InvalidArgumentError("libddp.torch: DistributedDataParallel is not needed when a module doesn't "
+                                       "have any parameter that requires a gradient")
         if any(p.is_cuda != params[0].is_cuda for p in params):
             raise ValueError("libddp.torch: parameters must all be on CPU or all on CUDA")
         for p in params:
             dtype_code(p.dtype)  # raises for unsupported dtypes
         return params
+
+    def _check_devices(self, device_ids, output_device):
+        if device_ids is not None and len(device_ids) > 1:
+            raise ValueError("libddp.torch: device_ids can only be None or contain a single element")
+        if not self._cuda and (device_ids or output_device is not None):
+            raise ValueError("libddp.torch: device_ids and output_device only work with a single-device GPU module; "
+                             "this module's parameters are on %s (got device_ids %s, output_device %s)"
+                             % (self.device, device_ids, output_device))
+        self.device_ids = [torch.device("cuda", torch.cuda._utils._get_device_index(device_ids[0], True))] \
+            if self._cuda and device_ids else None
+        self.output_device = output_device
+
+    def _refuse_sparse(self, module):
+        trainable = set(id(p) for p in self._params)
+        for name, m in module.named_modules():
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and id(m.weight) in trainable:
+                raise UnsupportedError(
+                    "libddp.torch: %s (%s(sparse=True)) produces sparse gradients, which libddp does not reduce: "
+                    "make it with sparse=False, or leave its weight out with DistributedDataParallel."
+                    "_set_params_and_buffers_to_ignore_for_model(module, [%r])"
+                    % (name or "the module", type(m).__name__, (name + "." if name else "") + "weight"))
+
+    def _refuse_buffers_with_uneven(self):
+        bufs = [n for n, b in self._named_buffers() if b.numel()]
+        if self.broadcast_buffers and bufs:
+            raise InvalidArgumentError(
+                "libddp.torch: uneven inputs (join()) with broadcast_buffers=True and a module with buffers (%s): a "
+                "rank in join() takes no part in the buffers' broadcast before each forward, so the others would "
+                "wait for it until the timeout; create the wrapper with broadcast_buffers=False (each rank keeps its "
+                "own BatchNorm statistics; join() copies the last rank's to all when it ends)" % ", ".join(bufs)[:200])
+
+    def _named_buffers(self):
+        return [(n, b) for n, b in self.module.named_buffers() if n not in self._ignore]
+
+    def _synced_tensors(self):
+        """(name, tensor) of what construction broadcasts from rank 0: every parameter (frozen ones too)
+        and buffer not ignored, as torch's state sync."""
+        seen, out = set(), []
+        for n, p in self.module.named_parameters():
+            if n not in self._ignore and id(p) not in seen:
+                seen.add(id(p))
+                out.append((n, p))
+        return out + self._named_buffers()
+
+    def _verify_same_model(self, named):
+        """Every rank must hold the same model: the count, shapes, dtypes and requires_grad of what is
+        reduced and broadcast are compared across ranks (four small allreduces) before anything of the
+        model travels. A difference raises MismatchError on every rank."""
+        import zlib
+        import numpy as np
+
+        n = len(named)
+        nd = max([t.dim() for _, t in named] + [0])
+        head = np.array([n, nd], np.int64)
+        hi = self.ddp.allreduce_host(head.copy(), "max")
+        lo = self.ddp.allreduce_host(head.copy(), "min")
+        if hi[0] != lo[0]:
+            raise MismatchError(
+                "libddp.torch: DistributedDataParallel expects the same model on every rank, but rank %d has %d "
+                "parameters and buffers while another rank has %d" % (self.comm.rank, n, lo[0] if hi[0] == n else hi[0]))
+        nd = int(hi[1])
+        rows = np.full((n, nd + 3), -1, np.int64)
+        for k, (_, t) in enumerate(named):
+            rows[k, 0] = zlib.crc32(str(t.dtype).encode())
+            rows[k, 1] = t.dim() * 2 + int(t.requires_grad)
+            rows[k, 2:2 + t.dim()] = list(t.shape)
+        hi = self.ddp.allreduce_host(rows.reshape(-1).copy(), "max").reshape(rows.shape)
+        lo = self.ddp.allreduce_host(rows.reshape(-1).copy(), "min").reshape(rows.shape)
+        bad = np.nonzero((hi != lo).any(axis=1))[0]
+        if bad.size:
+            name, t = named[int(bad[0])]
+            raise MismatchError(
+                "libddp.torch: DistributedDataParallel expects the same model on every rank, but %s (shape %s, %s%s) "
+                "on rank %d does not match the same parameter or buffer on every other rank"
+                % (name, list(t.shape), t.dtype, ", requires_grad" if t.requires_grad else "", self.comm.rank))
 
     def _register(self, triggers):
         dev = self._params[0].device
@@ -302,31 +462,34 @@ class DistributedDataParallel(torch.nn.Module):
         self._h = self.ddp._h
         self._views = [None] * len(self._params)
         self._epoch = None
+        self._hook_segments = None
         if self.arena:
             self._bind_views()
 
     def _install_hooks(self):
         self._in_backward = False
         self._queued = False
+        self._any_grad = False
         self._marked = [False] * len(self._params)
-        self._hooks = []
+        self._fired = [0] * len(self._params)
         self._accs = []
         self._lock = threading.Lock()  # CUDA autograd runs hooks on device threads
+        ref = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
         with torch.enable_grad():
             for i, p in enumerate(self._params):
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                self._hooks.append(acc.register_hook(self._make_hook(i)))
+                self._hooks.append(acc.register_hook(_grad_hook(ref, i)))
                 self._accs.append(acc)  # keep the accumulators alive, as apex does
 
     # -- internals ------------------------------------------------------------------------------
     def _stream(self):
         return torch.cuda.current_stream().cuda_stream if self._cuda else None
 
-    def _sync_buffers(self, root=0):
-        """Copies `root`'s buffers (any dtype) to every rank. Collective."""
+    def _broadcast_tensors(self, tensors, root):
+        """Copies `root`'s tensors (any dtype, any layout) to every rank. Collective."""
         raws, back = [], []
         with torch.no_grad():
-            for b in self.module.buffers():
+            for b in tensors:
                 nbytes = b.numel() * b.element_size()
                 if nbytes == 0:
                     continue
@@ -341,6 +504,10 @@ class DistributedDataParallel(torch.nn.Module):
             for b, t, nbytes in back:
                 flat = t.reshape(-1).view(torch.uint8)[:nbytes]
                 b.data.copy_(flat.view(b.dtype).view(b.shape))
+
+    def _sync_buffers(self, root=0):
+        """Copies `root`'s buffers (any dtype) to every rank. Collective."""
+        self._broadcast_tensors([b for _, b in self._named_buffers()], root)
 
     def _bind_views(self):
         """Arena: make every existing p.grad the library's view (moving current values in). A .grad
@@ -380,10 +547,13 @@ class DistributedDataParallel(torch.nn.Module):
                 self._hooks.append(m.register_forward_pre_hook(self._make_waiter(mine)))
 
     def _make_waiter(self, indices):
+        ref = weakref.ref(self)
+
         def wait(*_):
-            if self._gathering:
+            model = ref()
+            if model is not None and model._gathering:
                 for i in indices:
-                    self.ddp.wait_params(i, self._stream())
+                    model.ddp.wait_params(i, model._stream())
         return wait
 
     def _adopt_grad(self, i):
@@ -405,33 +575,54 @@ class DistributedDataParallel(torch.nn.Module):
             for i, had in enumerate(self._had_grad):
                 if had:
                     self._adopt_grad(i)
+        if self._comm_hook is not None:
+            self._hook_segments = self._bucket_segments()
         self.ddp.begin_backward(self._stream())
         self._in_backward = True
         self._queued = False
+        self._any_grad = False
         self._marked = [False] * len(self._params)
+        self._fired = [0] * len(self._params)
 
-    def _make_hook(self, i):
-        def hook(*_):
-            with self._lock:
-                if not self._in_backward:
-                    self._begin()
-                if not self._queued:
-                    self._queued = True
-                    torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            p = self._params[i]
-            try:
-                if self.arena:
-                    self._adopt_grad(i)
-                    L.lib.ddp_grad_ready(self._h, self._base + i)
-                else:
-                    g = p.grad
-                    if not g.is_contiguous():
-                        g = p.grad = g.contiguous()
-                    L.lib.ddp_grad_ready_ptr(self._h, self._base + i, g.data_ptr())
-            except DDPError as e:
-                raise _with_param_names(e, self) from None
-            self._marked[i] = True
-        return hook
+    def _enter_backward(self):
+        """Under the lock: the iteration has begun, and the finish is queued on the autograd engine. Called
+        first from the hook on the forward's outputs, so the finish goes to the outermost backward (not to
+        a nested one that reentrant checkpointing runs), else from the first grad hook."""
+        if not self._in_backward:
+            self._begin()
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _on_grad(self, i):
+        with self._lock:
+            self._enter_backward()
+            self._any_grad = True
+            self._fired[i] += 1
+            if self.static_graph and (self._static_counts is None or self._fired[i] < self._static_counts[i]):
+                return  # static_graph: ready after the hook's last run of the iteration (learned in the first)
+        self._mark(i)
+
+    def _mark(self, i):
+        """Grad i is final: handed to the library. A grad torch left undefined (None) counts as unused with
+        find_unused_parameters; without it, it is reduced as zeros, as torch does."""
+        p = self._params[i]
+        if p.grad is None and self.find_unused:
+            return  # _mark_unused hands it over at the end: used nowhere, it stays None
+        try:
+            if self.arena:
+                self._adopt_grad(i)
+                L.lib.ddp_grad_ready(self._h, self._base + i)
+            else:
+                g = p.grad
+                if g is None:
+                    g = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                elif not g.is_contiguous():
+                    g = p.grad = g.contiguous()
+                L.lib.ddp_grad_ready_ptr(self._h, self._base + i, g.data_ptr())
+        except DDPError as e:
+            raise _with_param_names(e, self) from None
+        self._marked[i] = True
 
     def _mark_unused(self):
         """find_unused_parameters: hands the library every unused grad (its current value, or zeros) and
@@ -495,6 +686,15 @@ class DistributedDataParallel(torch.nn.Module):
                 L.lib.ddp_set_grad_ptr(self._h, self._base + i, p.grad.data_ptr())
 
     def _finish(self):
+        if not self._any_grad:
+            self._queued = False  # no grad of the model in this backward pass (torch.autograd.grad): later
+            return
+        if self.static_graph:
+            for i, n in enumerate(self._fired):  # delayed in the first iteration (or fired fewer times)
+                if n and not self._marked[i]:
+                    self._mark(i)
+            if self._sync and self._static_counts is None:
+                self._static_counts = list(self._fired)
         saved = {}
         if not self._sync:
             pass  # no_sync: the library only records marks; nothing is reduced
@@ -506,38 +706,219 @@ class DistributedDataParallel(torch.nn.Module):
         try:
             self.ddp.finish_backward(self._stream())
         except DDPError as e:
+            raised = getattr(self.ddp, "hook_error", None)
+            if raised is not None:
+                raise RuntimeError("libddp.torch: the communication hook raised %r; the context is aborted"
+                                   % (raised,)) from raised
             raise _with_param_names(e, self) from None
         if self.arena and self.ddp.stats.layout_epoch != self._epoch:
             self._bind_views()
         self._settle_unused(saved)
+        self._wait_buffer_futures()
+
+    # -- comm hooks -----------------------------------------------------------------------------
+    def register_comm_hook(self, state, hook):
+        """torch's contract: hook(state, bucket: GradBucket) -> torch.futures.Future[Tensor] whose value is
+        the bucket's reduced gradient (no averaging after it: torch's allreduce_hook divides by the world
+        size itself). Runs for every bucket of every synced iteration, on the library's bucket thread.
+        torch's default hooks (allreduce_hook, fp16_compress_hook, bf16_compress_hook) with state None run
+        over this wrapper's comm; with a process group as state, and any other hook, as written (they may
+        use torch.distributed). Once, before the first backward pass, on every rank. Collective."""
+        if not callable(hook):
+            raise TypeError("libddp.torch: the communication hook must be callable")
+        if self._comm_hook is not None:
+            raise RuntimeError("libddp.torch: register_comm_hook or _register_builtin_comm_hook can only be called "
+                               "once")
+        if self.ddp.stats.iterations or self._in_backward:
+            raise RuntimeError("libddp.torch: register the communication hook before the first backward pass")
+        if self.sharded:
+            raise UnsupportedError("libddp.torch: register_comm_hook is not available with shard=True (the library "
+                                   "reduce-scatters sharded buckets itself)")
+        self._comm_hook = (state, hook)
+        try:
+            self._rebuild()
+        except Exception:
+            self._comm_hook = None
+            raise
+
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        """dist.BuiltinCommHookType.ALLREDUCE or FP16_COMPRESS: torch's default hooks, over this comm."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hooks = {"ALLREDUCE": default_hooks.allreduce_hook, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
+        name = getattr(comm_hook_type, "name", str(comm_hook_type).rsplit(".", 1)[-1])
+        if name not in hooks:
+            raise ValueError("libddp.torch: unknown builtin comm hook %r" % (comm_hook_type,))
+        self.register_comm_hook(None, hooks[name])
+
+    def _bucket_segments(self):
+        """Per bucket of the plan: [(library grad index, offset, numel)] as the hook's buffer packs them."""
+        out = []
+        for b in self.ddp.plan.buckets:
+            off, segs = 0, []
+            for g in b.grads:
+                n = self.ddp._grads[g][0]
+                segs.append((g, off, n))
+                off += n
+            out.append(segs)
+        return out
+
+    def _run_comm_hook(self, b):
+        """The library's hook call for one bucket (on its bucket thread)."""
+        dtype = _TORCH_DTYPES[b.dtype]
+        flat = _flat(b.buffer, b.count, dtype, self.device)
+        segs = self._hook_segments[b.bucket]
+        usage = [s for s in segs if self.find_unused and s[0] == 0]
+        grads = [s for s in segs if not (self.find_unused and s[0] == 0)]
+        for _, off, n in usage:  # the usage map is summed, whatever the hook does with the grads
+            L.lib.ddp_comm_allreduce(b.comm, flat[off:off + n].data_ptr(), n, b.dtype, L.DDP_OP_SUM, b.stream)
+        if not grads:
+            return
+        lo, hi = grads[0][1], grads[-1][1] + grads[-1][2]
+        if sum(n for _, _, n in grads) == hi - lo:
+            buf, offs = flat[lo:hi], [(g, off - lo, n) for g, off, n in grads]
+        else:
+            buf = torch.cat([flat[off:off + n] for _, off, n in grads])
+            offs, at = [], 0
+            for g, _, n in grads:
+                offs.append((g, at, n))
+                at += n
+        state, hook = self._comm_hook
+        native = _NATIVE_HOOKS.get(hook) if state is None else None
+        if native is not None:
+            native(b, buf)
+        else:
+            params = [self._params[g - self._base] for g, _, _ in offs]
+            views = [buf[off:off + n].view(p.shape) for (_, off, n), p in zip(offs, params)]
+            bucket = GradBucket(b.bucket, buf, views, params, b.bucket == len(self._hook_segments) - 1)
+            fut = hook(state, bucket)
+            value = fut.wait() if hasattr(fut, "wait") else fut
+            if isinstance(value, (list, tuple)):
+                value = value[0]
+            result = bucket.buffer()
+            if value.data_ptr() != result.data_ptr():
+                result.copy_(value.reshape(-1))
+            if result.data_ptr() != buf.data_ptr():
+                buf.copy_(result)
+        if buf.data_ptr() != flat[lo:].data_ptr() or buf.numel() != hi - lo:
+            for (_, off, n), (_, src, _) in zip(grads, offs):
+                flat[off:off + n].copy_(buf[src:src + n])
+
+    def _register_buffer_comm_hook(self, state, hook, comm_hook_location=None):
+        """torch's: hook(state, {name: buffer}) -> None or a list of futures (awaited at the end of the
+        backward pass) runs instead of the buffers' broadcast, before the forward pass
+        (_BufferCommHookLocation.PRE_FORWARD) or after it (POST_FORWARD, the default)."""
+        if not callable(hook):
+            raise TypeError("libddp.torch: the buffer communication hook must be callable")
+        post = comm_hook_location is None or getattr(comm_hook_location, "name", str(comm_hook_location)).endswith(
+            "POST_FORWARD")
+        self._buffer_hook = (state, hook, post)
+
+    def _run_buffer_hook(self):
+        state, hook, _ = self._buffer_hook
+        futs = hook(state, dict(self._named_buffers()))
+        if futs:
+            self._buffer_futures.extend(futs)
+
+    def _wait_buffer_futures(self):
+        futs, self._buffer_futures = self._buffer_futures, []
+        for f in futs:
+            f.wait()
+
+    # -- static graph, ignored parameters, pickling ---------------------------------------------
+    def _set_static_graph(self):
+        """torch's: the graph is the same in every iteration. The first iteration learns how many times each
+        grad hook runs (a parameter used twice, as under reentrant checkpointing, is ready after its last
+        run) and which parameters are unused; call it before the first backward pass. Collective."""
+        if self.static_graph:
+            warnings.warn("libddp.torch: static_graph is set already")
+            return
+        if self.ddp.stats.iterations or self._in_backward:
+            raise RuntimeError("libddp.torch: _set_static_graph must be called before the first backward pass")
+        if self.sharded:
+            raise ValueError("libddp.torch: static_graph is not available with shard=True")
+        self.static_graph = True
+        self._options["static_graph"] = True
+        try:
+            self._rebuild()  # the usage map joins the grads
+        except Exception:
+            self.static_graph = self._options["static_graph"] = False
+            raise
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """torch's: the parameters and buffers named (fully qualified, as named_parameters() and
+        named_buffers() give them) are neither reduced nor broadcast by wrappers created afterwards."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+
+    def __getstate__(self):
+        """Pickling (torch.save(model), copy.deepcopy): the module and the settings; the unpickled wrapper
+        makes a context of its own over default_comm (torch's uses the default group), without a
+        broadcast, as torch's does; a comm hook is not kept (torch's neither)."""
+        if self.sharded:
+            raise TypeError("libddp.torch: a sharded wrapper (shard=True) cannot be pickled: its parameters live "
+                            "in the library's arena; pickle model.module after close()")
+        state = {k: v for k, v in self.__dict__.items() if k in _MODULE_KEYS}
+        state["_options"] = dict(self._options, static_graph=self.static_graph)
+        return state
+
+    def __setstate__(self, state):
+        self._restore(state, None)
+
+    def __deepcopy__(self, memo):
+        """A copy of the wrapped module in a new wrapper of its own; it shares this wrapper's comm when one
+        was given (else it makes its own, as this one did). Collective when every rank copies."""
+        state = self.__getstate__()
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new._restore(copy.deepcopy(state, memo), None if self._own_comm else self.comm)
+        return new
+
+    def _restore(self, state, comm):
+        state = dict(state)
+        opts = state.pop("_options")
+        module = state["_modules"].pop("module")
+        torch.nn.Module.__setstate__(self, state)
+        self._setup(module, comm, None, opts, False)
 
     # -- the module ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         if self._early_exit_check and torch.is_grad_enabled():
             self._check_no_rank_finished(0)
-        if self.broadcast_buffers and self._buffers_due:
-            self._sync_buffers()
+        self._wait_buffer_futures()
+        if self.device_ids:
+            args, kwargs = _to_device((args, kwargs), self.device_ids[0])
         training = torch.is_grad_enabled()
+        sync_buffers = self.broadcast_buffers and self._buffers_due and bool(self._named_buffers())
+        if sync_buffers:
+            if self._buffer_hook is None:
+                self._sync_buffers()
+            elif not self._buffer_hook[2]:
+                self._run_buffer_hook()
         if training and not self._in_backward:
             self._begin()
         out = self.module(*args, **kwargs)
         if self._gathering:  # parameters of modules the forward did not run
             self.ddp.wait_params(-1, self._stream())
             self._gathering = False
+        if sync_buffers and self._buffer_hook is not None and self._buffer_hook[2]:
+            self._run_buffer_hook()
         # torch: buffers are synced before the next forward only after a training forward with sync on.
         self._buffers_due = training and self._sync
+        if training:
+            _watch_outputs(out, weakref.ref(self))
         return out
 
     def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
         """Uneven inputs, as torch's `with model.join(): for batch in my_batches: ...`. On leaving the block,
         a rank out of batches shadows the others' iterations (ddp_join) until every rank is done, then
         every rank takes the parameters and buffers of the rank that ran the most iterations (the highest
-        such rank), as torch does. Needs the wrapper created with uneven_inputs="by_world" (torch's
-        divide_by_initial_world_size=True: averages over the world, joined ranks counting as zeros) or
-        "by_contributors" (False: over the ranks that still have data), and with broadcast_buffers=False
-        when the module has buffers. throw_on_early_termination=True: instead, every rank raises
-        RuntimeError at the first forward pass after some rank ran out (one small allreduce per forward;
-        no uneven_inputs needed). enable=False: the block does nothing."""
+        such rank), as torch does. divide_by_initial_world_size=True averages over the world, joined ranks
+        counting as zeros; False over the ranks that still have data. A wrapper created without the
+        matching uneven_inputs= ("by_world", "by_contributors") gets a new context in that mode on entering
+        the block (every rank enters it: collective); from then on each synced iteration begins with one
+        small exchange. A module with buffers needs broadcast_buffers=False. throw_on_early_termination=True:
+        instead, every rank raises RuntimeError at the first forward pass after some rank ran out (one small
+        allreduce per forward). enable=False: the block does nothing."""
         return self._join_context(bool(divide_by_initial_world_size), bool(enable), bool(throw_on_early_termination))
 
     @contextlib.contextmanager
@@ -555,13 +936,15 @@ class DistributedDataParallel(torch.nn.Module):
             return
         want = L.DDP_UNEVEN_BY_WORLD if by_world else L.DDP_UNEVEN_BY_CONTRIBUTORS
         if self._uneven != want:
-            raise InvalidStateError(
-                "libddp.torch: join(divide_by_initial_world_size=%s) needs the wrapper created with "
-                "uneven_inputs=%r (it is %r now): DistributedDataParallel(model, uneven_inputs=%r%s)" % (
-                    by_world, "by_world" if by_world else "by_contributors",
-                    {v: k for k, v in _ENUMS["uneven_inputs"].items()}.get(self._uneven, self._uneven),
-                    "by_world" if by_world else "by_contributors",
-                    ", broadcast_buffers=False" if any(b.numel() for b in self.module.buffers()) else ""))
+            self._refuse_buffers_with_uneven()
+            old = self._config.get("uneven_inputs")
+            self._config["uneven_inputs"] = want
+            try:
+                self._rebuild()
+            except Exception:
+                self._config["uneven_inputs"] = old
+                raise
+            self._uneven = want
         ran = self.ddp.stats.iterations
         yield self  # an exception in the block propagates: no join (the other ranks time out, as in torch)
         self.ddp.join()
@@ -572,13 +955,24 @@ class DistributedDataParallel(torch.nn.Module):
 
         key = self.ddp.allreduce_host(np.array([ran * world + self.comm.rank], np.int64), "max")
         root = int(key[0] % world)
-        with torch.no_grad():
-            params = [p.data if p.is_contiguous() else p.data.contiguous() for p in self._params]
-            self.ddp.broadcast(params, root=root, stream=self._stream())
-            for p, t in zip(self._params, params):
-                if t.data_ptr() != p.data.data_ptr():
-                    p.data.copy_(t)
+        self._broadcast_tensors(self._params, root)
         self._sync_buffers(root)
+
+    def join_hook(self, **kwargs):
+        """torch's generic Join context manager (torch.distributed.algorithms.join.Join) is not supported: it
+        drives a joined rank one shadow iteration at a time from Python, while libddp's join shadows every
+        remaining iteration inside one library call; use `with model.join():`."""
+        raise NotImplementedError("libddp.torch: join_hook() (torch.distributed.algorithms.join.Join) is not "
+                                  "supported: libddp shadows a joined rank's iterations inside ddp_join, not one "
+                                  "iteration at a time; use `with model.join(): ...`")
+
+    @property
+    def join_device(self):
+        return self.device
+
+    @property
+    def join_process_group(self):
+        return self.process_group
 
     def _check_no_rank_finished(self, finished):
         """join(throw_on_early_termination=True): one allreduce per forward; a rank out of data sends 1."""
@@ -596,12 +990,14 @@ class DistributedDataParallel(torch.nn.Module):
             raise RuntimeError("libddp.torch: no_sync() must be entered before the forward pass")
         self.ddp.set_sync(False)
         self._sync = False
+        self.require_backward_grad_sync = False
         try:
             yield
         finally:
             if not self.ddp.closed and not self._in_backward:
                 self.ddp.set_sync(True)
                 self._sync = True
+                self.require_backward_grad_sync = True
 
     def gather_params(self):
         """Sharded: launches the all-gather of the parameters (after the optimizer updated the shards);
@@ -617,9 +1013,8 @@ class DistributedDataParallel(torch.nn.Module):
     def plan(self):
         return self.ddp.plan
 
-    def close(self):
-        """Removes the hooks and destroys the context (arena grads are copied out to torch's own memory), and
-        the communicator when it was made here (no comm given)."""
+    def _teardown(self):
+        """Removes the hooks and destroys the context (arena grads are copied out to torch's own memory)."""
         for h in self._hooks:
             try:
                 h.remove()
@@ -637,8 +1032,147 @@ class DistributedDataParallel(torch.nn.Module):
                     p.data = p.data.clone()
         self._views = [None] * len(self._params)
         self.ddp.close()
-        if self._own_comm:
+
+    def close(self):
+        """Removes the hooks and destroys the context (arena grads are copied out to torch's own memory), and
+        the communicator when it was made here (no comm given). A wrapper that is dropped does this itself."""
+        if "ddp" in self.__dict__:
+            self._teardown()
+        if self.__dict__.get("_own_comm") and "comm" in self.__dict__:
             self.comm.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class GradBucket:
+    """What a comm hook gets, as torch.distributed.GradBucket: index(), buffer() (the bucket's grads, flat),
+    gradients() (views of buffer() shaped as the parameters), parameters(), is_last(), set_buffer()."""
+
+    def __init__(self, index, buffer, gradients, parameters, is_last):
+        self._index, self._buffer, self._grads, self._params, self._last = index, buffer, gradients, parameters, is_last
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return list(self._grads)
+
+    def parameters(self):
+        return list(self._params)
+
+    def is_last(self):
+        return self._last
+
+    def set_buffer(self, buffer):
+        self._buffer = buffer
+
+
+def _grad_hook(ref, i):
+    def hook(*_):
+        model = ref()
+        if model is not None and "ddp" in model.__dict__ and not model.ddp.closed:
+            model._on_grad(i)
+    return hook
+
+
+def _watch_outputs(out, ref):
+    """Hooks the forward's outputs that need a grad: the first grad to reach one queues the finish on the
+    outermost backward pass."""
+    def on_grad(_):
+        model = ref()
+        if model is not None and not model.ddp.closed:
+            with model._lock:
+                model._enter_backward()
+    for t in _tensors(out):
+        if t.requires_grad and t.grad_fn is not None:
+            t.register_hook(on_grad)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for f in obj.__dataclass_fields__:
+            yield from _tensors(getattr(obj, f))
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*[_to_device(o, device) for o in obj])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _is_process_group(obj):
+    dist = torch.distributed
+    return dist.is_available() and isinstance(obj, dist.ProcessGroup)
+
+
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+_TORCH_DTYPES = {L.DDP_F16: torch.float16, L.DDP_BF16: torch.bfloat16, L.DDP_F32: torch.float32,
+                 L.DDP_F64: torch.float64}
+
+
+def _flat(ptr, n, dtype, device):
+    """A flat tensor of n `dtype` elements over the library's memory at `ptr` on `device`."""
+    if device.type == "cuda":
+        if dtype not in _TYPESTR:
+            raise TypeError("libddp.torch: the arena layout on CUDA supports float16/bfloat16/32/64, not %s" % dtype)
+        typestr, cast = _TYPESTR[dtype]
+        t = torch.as_tensor(_CudaView(ptr, n, typestr), device=device)
+        return t.view(cast) if cast is not None else t
+    raw = (ctypes.c_byte * (n * torch.empty(0, dtype=dtype).element_size())).from_address(ptr)
+    return torch.frombuffer(raw, dtype=dtype, count=n)
+
+
+def _comm_allreduce(b, t):
+    L.lib.ddp_comm_allreduce(b.comm, t.data_ptr(), t.numel(), dtype_code(t.dtype), L.DDP_OP_SUM, b.stream)
+
+
+def _allreduce_native(b, buf):
+    """torch's allreduce_hook over the bucket's comm: divided by the world size, then summed."""
+    buf.div_(b.world)
+    _comm_allreduce(b, buf)
+
+
+def _compress_native(dtype):
+    def hook(b, buf):
+        """torch's fp16/bf16_compress_hook over the bucket's comm: cast, divided by the world size, summed,
+        cast back."""
+        c = buf.to(dtype).div_(b.world)
+        _comm_allreduce(b, c)
+        buf.copy_(c)
+    return hook
+
+
+def _native_hooks():
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as d
+    except Exception:
+        return {}
+    return {d.allreduce_hook: _allreduce_native, d.fp16_compress_hook: _compress_native(torch.float16),
+            d.bf16_compress_hook: _compress_native(torch.bfloat16)}
+
+
+_NATIVE_HOOKS = _native_hooks()
 
 
 def _param_names(model):

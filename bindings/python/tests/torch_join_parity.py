@@ -3,7 +3,6 @@ holding different numbers of batches; the final parameters must agree. Also: Bat
 broadcast_buffers=True and uneven inputs is refused at once naming the fix, and
 throw_on_early_termination raises on every rank as torch's does. Run under mpirun (needs MASTER_PORT);
 prints "join parity ok" per rank, exits 1 on a failure."""
-import os
 import sys
 import time
 
@@ -12,14 +11,9 @@ import torch.distributed as dist
 
 import libddp
 import libddp.torch as ltorch
+import torch_world
 
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-comm = libddp.Comm.mpi()
-torch.set_num_threads(1)
+rank, world, comm = torch_world.init()
 failures = []
 
 
@@ -63,14 +57,24 @@ def parity(by_world):
     return run
 
 
-def join_needs_uneven_inputs():
+def join_without_uneven_inputs():
+    """A wrapper made with torch's arguments alone: join() switches the context to the uneven mode on
+    entering the block; the result is torch's."""
+    want = train(torch.nn.parallel.DistributedDataParallel(net()))
     model = ltorch.DistributedDataParallel(net(), comm)
+    got = train(model)
+    assert model.ddp.join() >= 0  # the context is in the uneven mode from then on
+    model.close()
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item()
+    bn = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    model = ltorch.DistributedDataParallel(bn, comm)
     try:
         model.join().__enter__()
-    except libddp.InvalidStateError as e:
-        assert 'uneven_inputs="by_world"' in str(e) or "uneven_inputs='by_world'" in str(e), str(e)
+    except libddp.InvalidArgumentError as e:
+        assert "broadcast_buffers=False" in str(e), str(e)
     else:
-        raise AssertionError("join() without uneven_inputs was accepted")
+        raise AssertionError("join() with BatchNorm and broadcast_buffers=True was accepted")
     model.close()
 
 
@@ -109,7 +113,7 @@ def throws_on_early_termination():
 
 for name, fn in (("join parity divide_by_initial_world_size=True", parity(True)),
                  ("join parity divide_by_initial_world_size=False", parity(False)),
-                 ("join needs uneven_inputs", join_needs_uneven_inputs),
+                 ("join without uneven_inputs", join_without_uneven_inputs),
                  ("batchnorm refused at once", batchnorm_with_broadcast_buffers_is_refused_at_once),
                  ("throw_on_early_termination", throws_on_early_termination)):
     check(name, fn)
