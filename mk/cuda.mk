@@ -56,12 +56,22 @@ $(GPU_BENCH_BIN): $(BUILD)/tests/gpu/bench_flatten.o $(BUILD)/lib/libddp.a
 	$(call say,LINK,$@)
 	$(Q)$(CXX) -o $@ $^ $(LDFLAGS_ALL) $(LIB_LDLIBS)
 
-.PHONY: gpu-tests gpu-bench
+# Whether a usable GPU is here (tests/gpu/run.sh runs it first): not the library, only CUDA and NCCL.
+GPU_PROBE_BIN := $(BUILD)/tests/gpu_check_device
+$(GPU_PROBE_BIN): tests/gpu/check_device.cpp
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 $(OPT) $(WARN) $(CUDA_INC) $< -o $@ $(LDFLAGS_ALL) \
+	  $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudart -lnccl
+
+.PHONY: gpu-tests gpu-bench gpu-probe
 gpu-tests: $(GPU_TEST_BIN)
 gpu-bench: $(GPU_BENCH_BIN)
+gpu-probe: $(GPU_PROBE_BIN)
 
-suite-gpu: $(GPU_TEST_BIN)
-	$(Q)tests/gpu/suite.sh $(GPU_TEST_BIN)
+# The probe must agree with the tests' own skip rule: no device exactly when every case skips.
+suite-gpu: $(GPU_TEST_BIN) $(GPU_PROBE_BIN)
+	$(Q)GPU_PROBE=$(GPU_PROBE_BIN) tests/gpu/suite.sh $(GPU_TEST_BIN)
 else
 suite-gpu:
 	@echo "gpu: skipped: built without CUDA (CUDA=0, or no nvcc under CUDA_HOME=$(CUDA_HOME))"
