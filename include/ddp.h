@@ -432,15 +432,22 @@ typedef struct ddp_context* ddp_t;
 
 /* Makes a context over `comm` (duplicated: the comm may be destroyed afterwards). `config` NULL means
  * the defaults. The config is validated here; agreement across ranks is checked when registration
- * closes (see ddp_commit). Collective. */
+ * closes (see ddp_commit). On host comms the environment variables that size what crosses the wire
+ * (DDP_HOST_PIECE_BYTES) must read the same on every rank: ranks that differ all get
+ * DDP_ERR_MISMATCH naming the variable and the ranks' values. Collective. */
 DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp_t* ddp);
 
 /* Registers one gradient of `numel` (>= 1) elements of `dtype`; *index receives its index (0, 1, ...
  * in registration order). Every rank must register the same grads (numel, dtype, flags) in the same
  * order. Copy layout: `grad` is the user's buffer (host memory for an MPI comm, device memory for
- * NCCL); it may be changed later with ddp_set_grad_ptr or ddp_grad_ready_ptr. Arena layout: `grad`
- * must be NULL; the library allocates the storage (zeroed) when registration closes, see ddp_grad_ptr.
- * Only before registration closes. Not thread-safe with other calls on the same context. */
+ * NCCL); it may be changed later with ddp_set_grad_ptr or ddp_grad_ready_ptr. It must be aligned to
+ * its dtype's size (2, 4 or 8 bytes; DDP_ERR_INVALID_ARGUMENT "grad I at P is not aligned to its
+ * dtype: f32 needs 4-byte alignment" otherwise, also for the pointers those two calls pass), and it
+ * must not share a byte with a grad registered before it (a buffer registered twice would be
+ * reduced twice): DDP_ERR_INVALID_ARGUMENT "grad I (B bytes at P) overlaps grad J (...)". Arena
+ * layout: `grad` must be NULL; the library allocates the storage (zeroed) when registration closes,
+ * see ddp_grad_ptr. Only before registration closes. Not thread-safe with other calls on the same
+ * context. */
 DDP_API ddp_status_t ddp_register_grad(ddp_t ddp, void* grad, size_t numel, ddp_dtype_t dtype, unsigned flags,
                                        int* index);
 
@@ -487,7 +494,12 @@ DDP_API ddp_status_t ddp_finish_backward(ddp_t ddp, void* stream);
 
 /* Turns reduction on (1) or off (0) for the following iterations (apex enable/disable_allreduce,
  * torch no_sync): with it off, backward passes only accumulate locally. Not inside a backward pass.
- * Every rank must use the same setting in each iteration. */
+ * Every rank must use the same setting in each iteration. Ranks that ran different numbers of
+ * backward passes with sync off before a synced iteration get DDP_ERR_MISMATCH on every rank, naming
+ * each rank's count ("ranks disagree on ddp_set_sync: ..."), and the context aborts: with
+ * config.uneven_inputs from ddp_begin_backward, before any bucket; otherwise from
+ * ddp_finish_backward of that iteration, through the unused-grad report (not found with
+ * DDP_UNUSED_ZERO and uneven_inputs off, where the ranks exchange nothing of their own). */
 DDP_API ddp_status_t ddp_set_sync(ddp_t ddp, int enabled);
 
 /* apex Reducer.reduce(): reduces every registered grad now, outside a backward pass, with the same
@@ -576,7 +588,7 @@ DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* u
  * (host memory: synchronous; NCCL: enqueued on `stream`, a cudaStream_t). For comm hooks, on
  * bucket->comm; also on any host comm outside a context (device memory outside a hook is
  * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by
- * the world size). Host comms sum 16-bit types in fp32 math, rounding after each addition. Bounded
+ * the world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit types in fp32 math, rounding after each addition. Bounded
  * by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS (default 300000 ms) outside.
  * Collective. */
 DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/knobs.hpp"
+
 namespace ddp {
 
 namespace {
@@ -11,6 +13,7 @@ struct ConfigSummary {
   AgreedFields fields;
   int32_t device_memory;  // 1: device memory (NCCL), 0: host memory
   int32_t pad;
+  int64_t wire_knobs[knobs::kNumWireKnobs];  // host memory: the values of the knobs on the wire
 };
 
 struct RegSummary {
@@ -96,6 +99,20 @@ FirstDiff compare_with(const std::vector<RegEntry>& ref, const std::vector<GradS
        rank_list(with).c_str(), rank_list(without).c_str());
 }
 
+// A knob on the wire (knobs::wire_knobs) that differs from rank 0's, named, on every rank alike.
+void check_wire_knobs(const std::vector<ConfigSummary>& all) {
+  knobs::WireKnob names[knobs::kNumWireKnobs];
+  knobs::wire_knobs(names);
+  for (int k = 0; k < knobs::kNumWireKnobs; ++k)
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r].wire_knobs[k] != all[0].wire_knobs[k])
+        fail(DDP_ERR_MISMATCH,
+             "ranks disagree on the environment: %s is %lld on rank 0 but %lld on rank %zu (it sizes what crosses "
+             "the wire: set it alike on every rank, or on none)",
+             names[k].name, static_cast<long long>(all[0].wire_knobs[k]), static_cast<long long>(all[r].wire_knobs[k]),
+             r);
+}
+
 }  // namespace
 
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
@@ -103,6 +120,11 @@ void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
   std::memset(&me, 0, sizeof me);
   me.fields = agreed_fields(cfg.c);
   me.device_memory = ctrl.memory() == Memory::Device ? 1 : 0;
+  if (!me.device_memory) {  // the knobs on the wire size host collectives only
+    knobs::WireKnob k[knobs::kNumWireKnobs];
+    knobs::wire_knobs(k);
+    for (int i = 0; i < knobs::kNumWireKnobs; ++i) me.wire_knobs[i] = k[i].value;
+  }
   std::vector<ConfigSummary> all(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all.data(), sizeof me, dl);
   for (size_t r = 1; r < all.size(); ++r) {
@@ -112,6 +134,7 @@ void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
       fail(DDP_ERR_MISMATCH, "ranks disagree on the memory kind: rank 0 has %s memory but rank %zu has %s memory",
            all[0].device_memory ? "device" : "host", r, all[r].device_memory ? "device" : "host");
   }
+  check_wire_knobs(all);
 }
 
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl) {
@@ -138,11 +161,62 @@ void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hoo
   report_difference(ref, diffs);
 }
 
-std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl) {
-  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}};
+void check_grad_aligned(const void* grad, Dtype d, int index) {
+  const size_t align = dtype_size(d);
+  if (grad && reinterpret_cast<uintptr_t>(grad) % align != 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "grad %d at %p is not aligned to its dtype: %s needs %zu-byte alignment", index,
+         grad, dtype_name(d), align);
+}
+
+void check_grad_disjoint(const std::vector<GradSpec>& specs, const std::vector<void*>& ptrs, const void* grad,
+                         size_t numel, Dtype d) {
+  if (!grad) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(grad), hi = lo + numel * dtype_size(d);
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(ptrs[i]);
+    if (!ptrs[i] || !(lo < a + specs[i].numel * dtype_size(specs[i].dtype) && a < hi)) continue;
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "grad %zu (%zu bytes at %p) overlaps grad %zu (%zu bytes at %p): every grad needs memory of its own "
+         "(registered twice, it would be reduced twice)",
+         specs.size(), static_cast<size_t>(hi - lo), grad, i, specs[i].numel * dtype_size(specs[i].dtype), ptrs[i]);
+  }
+}
+
+void check_sync_agreement(const std::vector<int32_t>& passes) {
+  int32_t first = -1;
+  bool same = true;
+  for (int32_t p : passes) {
+    if (p < 0) continue;
+    if (first < 0) first = p;
+    same = same && p == first;
+  }
+  if (same) return;
+  std::string sides;
+  std::vector<char> told(passes.size(), 0);
+  for (size_t r = 0; r < passes.size(); ++r) {
+    if (passes[r] < 0 || told[r]) continue;
+    std::vector<int> ranks;
+    for (size_t q = r; q < passes.size(); ++q)
+      if (passes[q] == passes[r]) {
+        ranks.push_back(static_cast<int>(q));
+        told[q] = 1;
+      }
+    sides += format("%s%s: %d", sides.empty() ? "" : "; ", rank_list(ranks).c_str(), passes[r]);
+  }
+  fail(DDP_ERR_MISMATCH,
+       "ranks disagree on ddp_set_sync: backward passes with sync off before this synced iteration: %s. Every rank "
+       "must use the same setting in each iteration (otherwise their reductions pair different iterations)",
+       sides.c_str());
+}
+
+std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync) {
+  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1};
   for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
   all_.resize(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all_.data(), sizeof me, dl);
+  passes_.resize(all_.size());
+  for (size_t r = 0; r < all_.size(); ++r) passes_[r] = all_[r].local_passes;
+  check_sync_agreement(passes_);
   std::string text;
   for (size_t r = 0; r < all_.size(); ++r) {
     const Info& in = all_[r];

@@ -21,19 +21,42 @@ void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl);
 // comm hook (`hook`) or none: one exchange for both.
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl);
 
+// A grad's own checks on this rank (no exchange): its pointer is aligned to its element (the element
+// loops load whole elements), at registration and whenever the pointer moves.
+void check_grad_aligned(const void* grad, Dtype d, int index);
+// Grad `index`, `numel` elements of `d` at `grad`, shares no byte with a grad registered before it
+// (`specs`, `ptrs`): one buffer registered twice would be reduced twice. Names both grads.
+void check_grad_disjoint(const std::vector<GradSpec>& specs, const std::vector<void*>& ptrs, const void* grad,
+                         size_t numel, Dtype d);
+
+// Ranks that disagree on ddp_set_sync: `passes[r]` is how many backward passes rank r ran with sync
+// off before the synced iteration it is in now (-1: not compared, a joined rank). Throws
+// DDP_ERR_MISMATCH naming the ranks on each side when the compared ones differ.
+void check_sync_agreement(const std::vector<int32_t>& passes);
+
 // The unused-grad report of the error policy: every rank learns every rank's unused grads, so all
-// return the same message. Keeps its buffer, so that nothing allocates per iteration.
+// return the same message. The same exchange compares the ranks' passes with sync off since the last
+// synced iteration (check_sync_agreement), so that ranks that disagree on ddp_set_sync fail at the
+// first synced iteration they pair wrongly. Keeps its buffer, so that nothing allocates per iteration.
 class UnusedReport {
  public:
-  // "rank 0: grads 3, 5; rank 2: grad 1", or empty when no rank has unused grads.
-  std::string exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl);
+  // "rank 0: grads 3, 5; rank 2: grad 1", or empty when no rank has unused grads. `compare_sync`
+  // false: this rank's passes are not compared (a joined rank's shadow iteration).
+  std::string exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync = true);
+  // A backward pass with sync off ended (its grads only accumulated); a synced reduction ended.
+  void local_pass() { ++local_passes_; }
+  void synced() { local_passes_ = 0; }
+  int32_t local_passes() const { return local_passes_; }
 
  private:
   struct Info {
     int32_t count;
     int32_t first[6];
+    int32_t local_passes;  // -1: not compared
   };
   std::vector<Info> all_;
+  std::vector<int32_t> passes_;
+  int32_t local_passes_ = 0;
 };
 
 }  // namespace ddp

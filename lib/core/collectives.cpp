@@ -30,6 +30,7 @@ std::string describe(int32_t kind, int32_t dtype, int32_t op, int32_t flag, uint
 std::vector<Context::CallRecord> Context::exchange_call(const CallRecord& mine) {
   std::vector<CallRecord> all(static_cast<size_t>(world_));
   static_assert(sizeof(CallRecord) == 24, "a call record travels as 24 bytes");
+  progress_.calls.fetch_add(1, std::memory_order_relaxed);  // the stall inspector: who never got here
   ctrl_->allgather_host(&mine, all.data(), sizeof(CallRecord), deadline());
   for (int r = 0; r < world_; ++r) {
     const CallRecord& o = all[static_cast<size_t>(r)];
@@ -50,11 +51,16 @@ int Context::vote(int32_t kind, int32_t* theirs) {
   mine.kind = kVote;
   mine.flag = kind == kShadow ? 0 : 1;
   mine.op = kind;
+  mine.count = kind == kShadow ? 0 : static_cast<uint64_t>(unused_report_.local_passes());
   int n = 0;
-  for (const CallRecord& r : exchange_call(mine)) {
-    n += r.flag;
-    if (r.flag && theirs) *theirs = r.op;
+  const std::vector<CallRecord> all = exchange_call(mine);
+  std::vector<int32_t> passes(all.size(), -1);  // ddp_set_sync: contributors ran as many passes without sync
+  for (size_t r = 0; r < all.size(); ++r) {
+    n += all[r].flag;
+    if (all[r].flag && theirs) *theirs = all[r].op;
+    if (all[r].flag) passes[r] = static_cast<int32_t>(all[r].count);
   }
+  check_sync_agreement(passes);
   if (n > 0 && cfg_.c.uneven_inputs == DDP_UNEVEN_BY_CONTRIBUTORS && n != reducer_->divisor()) reducer_->set_divisor(n);
   return n;
 }
@@ -76,7 +82,7 @@ void Context::shadow_iteration(int32_t kind) {
   reducer_->launch_rest();
   wait_buckets(nullptr);
   // The others' unused-grad report: this rank reports none (its grads are absent, not unused).
-  if (backward && !cfg_.unused_zero()) (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline());
+  if (backward && !cfg_.unused_zero()) (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline(), false);
   ++iterations_;
   shards_reduced(true);
 }

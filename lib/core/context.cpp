@@ -109,6 +109,8 @@ int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags
          "ddp_grad_ptr where the grad lives");
   if (!cfg_.arena() && !grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL (the copy layout needs the user's buffer)");
   if (specs_.size() >= static_cast<size_t>(INT32_MAX)) fail(DDP_ERR_INVALID_ARGUMENT, "too many grads");
+  check_grad_aligned(grad, dtype, static_cast<int>(specs_.size()));
+  check_grad_disjoint(specs_, user_ptrs_, grad, numel, dtype);
   specs_.push_back(GradSpec{numel, dtype, flags});
   user_ptrs_.push_back(grad);
   total_numel_ += numel;
@@ -124,6 +126,7 @@ void Context::commit() {
 void Context::commit_locked() {
   if (state_ != State::Open) return;
   CallScope scope(this, Call::Commit);
+  progress_.calls.fetch_add(1, std::memory_order_relaxed);  // the stall inspector: who never got here
   try {
     agree_registration(*ctrl_, specs_, static_cast<bool>(hook_), deadline());
     // The reducer's settings and backend objects, owned here for the reducer's life.
@@ -146,8 +149,15 @@ void Context::commit_locked() {
     state_ = State::Idle;
     log_plan();
   } catch (const Error& e) {
-    abort(e);  // ranks disagree or a buffer could not be had: nothing sensible can follow
-    throw;
+    // Ranks disagree, one did not come, or a buffer could not be had: nothing sensible can follow.
+    // A timeout says who did not come (the stall inspector's picture), as a backward pass's does.
+    if (e.status() != DDP_ERR_TIMEOUT) {
+      abort(e);
+      throw;
+    }
+    Error told(e.status(), e.what() + picture(500));
+    abort(told);
+    throw told;
   }
 }
 
@@ -166,6 +176,7 @@ void Context::set_grad_ptr(int index, void* grad) {
   check_index(index);
   if (cfg_.arena()) fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
   if (!grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL");
+  check_grad_aligned(grad, specs_[static_cast<size_t>(index)].dtype, index);
   if (state_ == State::InBackward && reducer_->is_ready(index))
     fail(DDP_ERR_INVALID_STATE, "grad %d is already marked ready in this backward pass", index);
   user_ptrs_[static_cast<size_t>(index)] = grad;

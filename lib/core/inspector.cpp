@@ -28,8 +28,16 @@ const char* call_text(int32_t c) {
 
 std::string describe(const Position& p) {
   if (p.iteration < 0) return "no answer";
-  return format("iteration %lld, %s, %d of %d buckets launched, %d reduced", static_cast<long long>(p.iteration),
-                call_text(p.call), p.launched, p.buckets, p.done);
+  return format("iteration %lld, %s, %d of %d buckets launched, %d reduced, %lld control calls",
+                static_cast<long long>(p.iteration), call_text(p.call), p.launched, p.buckets, p.done,
+                static_cast<long long>(p.calls));
+}
+
+// Behind: an earlier iteration, or in the same one fewer buckets launched or fewer control-path
+// exchanges entered (a rank that never reached the barrier, ddp_commit or the vote this one waits in).
+bool behind(const Position& p, const Position& me) {
+  if (p.iteration != me.iteration) return p.iteration < me.iteration;
+  return p.launched < me.launched || p.calls < me.calls;
 }
 
 }  // namespace
@@ -41,6 +49,7 @@ Position Context::position() const {
   p.launched = progress_.launched.load(std::memory_order_relaxed);
   p.done = progress_.done.load(std::memory_order_relaxed);
   p.buckets = progress_.buckets.load(std::memory_order_relaxed);
+  p.calls = progress_.calls.load(std::memory_order_relaxed);
   return p;
 }
 
@@ -52,19 +61,19 @@ std::string Context::picture(int64_t wait_ms) {
     return "; where the other ranks are is not known (this communicator cannot ask them without risking a hang)";
   std::vector<Position> all = prober_->ask(wait_ms);
   const Position me = all[static_cast<size_t>(rank_)];
-  std::vector<int> missing, behind;
+  std::vector<int> missing, late;
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     const Position& p = all[static_cast<size_t>(r)];
     if (p.iteration < 0)
       missing.push_back(r);
-    else if (p.iteration < me.iteration || (p.iteration == me.iteration && p.launched < me.launched))
-      behind.push_back(r);
+    else if (behind(p, me))
+      late.push_back(r);
   }
   std::string s;
   if (!missing.empty()) s += "; no answer from " + rank_list(missing) + " (dead, or stuck where it cannot answer)";
-  if (!behind.empty()) s += "; behind this rank: " + rank_list(behind);
-  if (missing.empty() && behind.empty()) s += "; every rank answered and none is behind this one";
+  if (!late.empty()) s += "; behind this rank: " + rank_list(late);
+  if (missing.empty() && late.empty()) s += "; every rank answered and none is behind this one";
   s += ". Ranks:";
   for (int r = 0; r < world_; ++r)
     s += format("%s %d%s: %s", r ? ";" : "", r, r == rank_ ? " (this rank)" : "",

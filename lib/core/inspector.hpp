@@ -12,8 +12,10 @@
 
 namespace ddp {
 
-// Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, and its
-// buckets of that iteration. Fixed size, so that ranks can send it to each other as bytes.
+// Where a rank stands, as the stall inspector reports it: its iteration, the call it is in, its
+// buckets of that iteration, and how many control-path exchanges it has entered (so that a rank that
+// never reached a barrier or ddp_commit the others wait in is behind them). Fixed size, so that ranks can send it to
+// each other as bytes.
 enum class Call : int32_t {
   Idle = 0,
   Commit,
@@ -32,8 +34,9 @@ struct Position {
   int64_t iteration = -1;  // -1: the rank did not answer
   int32_t call = 0;
   int32_t launched = 0, done = 0, buckets = 0;
+  int64_t calls = 0;  // control-path exchanges entered (ddp_commit, host collectives, barriers, votes)
 };
-static_assert(sizeof(Position) == 24, "Position travels as 24 bytes");
+static_assert(sizeof(Position) == 32, "Position travels as 32 bytes");
 
 // Asks every rank of a communicator where it stands, never blocking on one that does not answer.
 // Made collectively (Comm::make_prober); each rank's prober answers the others in the background,
@@ -52,6 +55,7 @@ struct Progress {
   std::atomic<int64_t> iteration{0};
   std::atomic<int32_t> call{0};  // Call
   std::atomic<int32_t> launched{0}, done{0}, buckets{0};
+  std::atomic<int64_t> calls{0};
 };
 
 }  // namespace ddp

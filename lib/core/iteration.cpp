@@ -36,6 +36,7 @@ void Context::grad_ready(int index, void* grad) {
     fail(DDP_ERR_INVALID_STATE, "grad %d was already marked ready in this backward pass", index);
   if (grad) {
     if (cfg_.arena()) fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
+    check_grad_aligned(grad, specs_[static_cast<size_t>(index)].dtype, index);
     if (grad != user_ptrs_[static_cast<size_t>(index)]) {
       user_ptrs_[static_cast<size_t>(index)] = grad;
       reducer_->set_grad_ptr(index, grad);
@@ -85,6 +86,7 @@ void Context::finish_backward(void* stream) {
     fail(DDP_ERR_INVALID_STATE, "no backward pass in progress (call ddp_begin_backward first)");
   state_ = State::Idle;
   if (!iteration_synced_) {  // no_sync: grads only accumulated locally
+    unused_report_.local_pass();
     set_call(Call::Idle);
     shards_reduced(false);
     return;
@@ -103,6 +105,7 @@ void Context::finish_backward(void* stream) {
     // or stalled is reported by the bucket that waited for it (step and bucket named).
     if (!cfg_.unused_zero()) unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline());
   });
+  unused_report_.synced();
   ++iterations_;
   shards_reduced(true);
   if (timeline_) {
@@ -138,6 +141,7 @@ void Context::reduce_all(void* stream) {
     reducer_->launch_all();
     wait_buckets(stream);
   });
+  unused_report_.synced();
   ++iterations_;
   shards_reduced(true);
 }

@@ -102,5 +102,9 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
+void wire_knobs(WireKnob out[kNumWireKnobs]) {
+  out[0] = WireKnob{"DDP_HOST_PIECE_BYTES", static_cast<int64_t>(host_piece_bytes())};
+}
+
 }  // namespace knobs
 }  // namespace ddp

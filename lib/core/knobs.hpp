@@ -42,5 +42,17 @@ bool parse_integer(const char* value, int64_t lo, int64_t hi, int64_t* out);
 // "NAME='value' is not an integer in LO..HI; using DEFAULT": the warning for a bad value.
 std::string bad_value_message(const char* name, const char* value, int64_t lo, int64_t hi, int64_t fallback);
 
+// The knobs that change what crosses the wire: ranks that read different values post collectives of
+// different sizes (DDP_HOST_PIECE_BYTES cuts every host collective into pieces, and the ring's
+// exchanges follow them). ddp_create agrees on each (core/agreement.cpp) and refuses a difference
+// with DDP_ERR_MISMATCH naming the knob. The other knobs change only what one rank prints, how long it
+// waits or where it listens (the rendezvous checks the job's identity itself): none is on this list.
+struct WireKnob {
+  const char* name;
+  int64_t value;  // as this rank reads it (its default when unset)
+};
+constexpr int kNumWireKnobs = 1;
+void wire_knobs(WireKnob out[kNumWireKnobs]);
+
 }  // namespace knobs
 }  // namespace ddp

@@ -192,13 +192,24 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     size_t need = staging_need[static_cast<size_t>(s)];
     if (need) staging_[static_cast<size_t>(s)] = env_.device->alloc(need);
     staging_bytes_ += need;
-    env_.streams[static_cast<size_t>(s)]->reserve(nb + 1);
   }
+  reserve_tasks();
   alloc_int8();
   if (env_.check_finite) env_.device->reserve_flags(nb);
   ready_.assign(specs_.size(), 0);
   zero_.assign(specs_.size(), 0);
   next_ = 0;
+}
+
+// Room on each stream for every task it may hold at once, so that submit never finds its ring full:
+// per bucket of the stream, its steps (a grouped launch submits three, in, collectives and out;
+// otherwise one) and, in a sharded context, its parameter gather, which may still be queued when the
+// bucket's next reduction is submitted.
+void Reducer::reserve_tasks() {
+  std::vector<size_t> tasks(env_.streams.size(), 0);
+  const size_t per_bucket = (program_.group ? 3 : 1) + (shards_ ? 1 : 0);
+  for (const BucketProgram& p : program_.buckets) tasks[static_cast<size_t>(p.stream)] += per_bucket;
+  for (size_t s = 0; s < tasks.size(); ++s) env_.streams[s]->reserve(tasks[s] + 1);
 }
 
 // The int8 wire's memory: the kept rounding errors of every int8 bucket (zero: nothing owed yet; a

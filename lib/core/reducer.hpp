@@ -124,6 +124,7 @@ class Reducer {
   };
   Work work(int b);
   void build_runtime(const std::vector<void*>& ptrs);
+  void reserve_tasks();
   Stream& stream_of(int b);
   void launch(int b);
   void launch_grouped(int first, int last);

@@ -444,7 +444,12 @@ void Rank::run() {
           unsigned flags = (c.d & 1) ? DDP_GRAD_TRIGGER : 0;
           if (c.d == 0x82) flags |= 4;
           const bool wrong_ptr = c.d == 0x83;
-          bool valid = g.numel >= 1 && g.numel <= kMaxNumel && g.dtype < 4 && flags <= DDP_GRAD_TRIGGER && !wrong_ptr;
+          // Copy layout: a pointer one byte off its dtype's alignment, the memory of the grad registered
+          // last (aliased), or its last element (overlapping): refused, naming the grads.
+          const bool misaligned = c.d == 0x84 && !arena_;
+          const bool aliased = (c.d == 0x85 || c.d == 0x86) && !arena_ && n > 0;
+          bool valid = g.numel >= 1 && g.numel <= kMaxNumel && g.dtype < 4 && flags <= DDP_GRAD_TRIGGER && !wrong_ptr &&
+                       !misaligned && !aliased;
           if (rank_ == 1 && p_.diverge == 3 && valid && p_.diverge_grad == n) g.numel += 1;
           void* ptr = nullptr;
           if (!arena_ && g.numel <= kMaxNumel && g.dtype < 4) {
@@ -452,6 +457,11 @@ void Rank::run() {
             ptr = g.buf[0].data();
           }
           if (wrong_ptr) ptr = arena_ ? static_cast<void*>(&g) : nullptr;
+          if (ptr && misaligned) ptr = g.buf[0].data() + 1;
+          if (ptr && aliased) {
+            Grad& last = grads_.back();
+            ptr = last.buf[last.cur].data() + (c.d == 0x86 ? (last.numel - 1) * esize(last.dtype) : 0);
+          }
           int index = -7;
           ddp_status_t want = g.dtype >= 4      ? DDP_ERR_INVALID_ARGUMENT  // checked by the C shell, first
                               : aborted_        ? DDP_ERR_ABORTED

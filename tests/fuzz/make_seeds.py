@@ -51,6 +51,16 @@ def main():
         with open(os.path.join(out, "seed-%03d" % n), "wb") as f:
             f.write(program(rng, bad & 1, 0, 0, bad=bad))
         n += 1
+    # Registrations that must be refused in the copy layout: a pointer off its dtype's alignment
+    # (d = 0x84), the last grad's memory again (0x85) or its last element (0x86); then iterations.
+    for world2 in (0, 1):
+        for bad_reg in (0x84, 0x85, 0x86):
+            body = call("register", 40, 0, 2, 0) + call("register", 7, 0, rng.randint(0, 3), bad_reg)
+            body += call("register", 9, 0, 3, 0) + call("iteration") + call("iteration")
+            head = bytes([1 if world2 else 0, 0, 0, 0, 0, 0, 0])
+            with open(os.path.join(out, "seed-reg-%d-%x" % (world2, bad_reg)), "wb") as f:
+                f.write(head + body)
+            n += 1
     print("wrote %d seeds to %s" % (n, out))
 
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -414,6 +415,58 @@ void test_broadcast() {
   record("broadcast from the last rank", ok, why);
 }
 
+// DDP_HOST_PIECE_BYTES sizes every host collective's pieces (and a sharded reduce-scatter's, whatever
+// config.host_piece_bytes says): ranks that read different values would post collectives of different
+// sizes (an MPI ring once wrote 80 KiB into a 32 KiB buffer). ddp_create refuses it on every rank,
+// naming the knob, with or without config.host_piece_bytes; the same value everywhere reduces right.
+bool one_iteration_with_piece_knob(size_t config_piece, bool expect_refusal, std::string* why) {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 5000;
+  cfg.host_piece_bytes = config_piece;
+  ddp_t d = nullptr;
+  const ddp_status_t created = ddp_create(g_comm, &cfg, &d);
+  if (expect_refusal) {
+    char needle[128];
+    std::snprintf(needle, sizeof needle, "DDP_HOST_PIECE_BYTES is 32768 on rank 0 but 81920 on rank %d", g_world - 1);
+    const bool ok = expect_status(created, DDP_ERR_MISMATCH, needle, why);
+    ddp_destroy(d);
+    return ok;
+  }
+  std::vector<float> g(100000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((g_rank + 1) * 4 + static_cast<int>(i % 7));
+  int idx = -1;
+  bool ok = expect_status(created, DDP_SUCCESS, nullptr, why) &&
+            expect_status(ddp_register_grad(d, g.data(), g.size(), DDP_F32, 0, &idx), DDP_SUCCESS, nullptr, why) &&
+            expect_status(ddp_begin_backward(d, nullptr), DDP_SUCCESS, nullptr, why) &&
+            expect_status(ddp_grad_ready(d, idx), DDP_SUCCESS, nullptr, why) &&
+            expect_status(ddp_finish_backward(d, nullptr), DDP_SUCCESS, nullptr, why);
+  const double mean_rank1 = (g_world + 1) / 2.0;  // the average of (rank + 1) over the ranks
+  for (size_t i = 0; ok && i < g.size(); ++i)
+    ok = std::fabs(g[i] - (mean_rank1 * 4 + static_cast<double>(i % 7))) < 1e-4;
+  if (!ok && why->empty()) *why = "wrong reduced values";
+  ddp_destroy(d);
+  return ok;
+}
+
+void test_wire_knobs() {
+  const char* before = std::getenv("DDP_HOST_PIECE_BYTES");
+  const std::string saved = before ? before : "";
+  for (size_t config_piece : {size_t(0), size_t(65536)}) {
+    std::string why;
+    setenv("DDP_HOST_PIECE_BYTES", g_rank == g_world - 1 && g_world > 1 ? "81920" : "32768", 1);
+    bool ok = one_iteration_with_piece_knob(config_piece, g_world > 1, &why);
+    setenv("DDP_HOST_PIECE_BYTES", "32768", 1);
+    ok = ok && one_iteration_with_piece_knob(config_piece, false, &why);
+    record("DDP_HOST_PIECE_BYTES differing across ranks refused by ddp_create (config.host_piece_bytes " +
+               std::to_string(config_piece) + ")",
+           ok, why);
+  }
+  if (before)
+    setenv("DDP_HOST_PIECE_BYTES", saved.c_str(), 1);
+  else
+    unsetenv("DDP_HOST_PIECE_BYTES");
+}
+
 // The last rank starts its backward pass a whole timeout late. Every other rank's DDP_ERR_TIMEOUT
 // names it as behind and says where each rank is: on NCCL through the MPI communicator that
 // ddp_comm_init_nccl_mpi keeps, on Gloo through its own inspector's sockets. Run last: the late rank's collective is
@@ -463,6 +516,7 @@ int main(int argc, char** argv) {
   test_all_combinations(seed);
   test_large(seed);
   test_mismatch();
+  if (!DDP_TEST_NCCL) test_wire_knobs();
   if (!DDP_TEST_NCCL) {
     test_unused_error_policy();
     test_broadcast();

@@ -4,6 +4,7 @@
 #include <doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -286,4 +287,60 @@ TEST_CASE("shard: an unsharded copy context still stages only its packed grads (
   ddp_destroy(d);
   ddp_comm_destroy(comm);
   ddp_local_group_destroy(g);
+}
+
+// 40 buckets on one stream with the parameter gather of every bucket still queued (a peer is late to
+// it) when the next backward pass marks every grad: the stream holds 40 gathers and 40 reductions at
+// once. It once had room for 41 tasks: ddp_grad_ready answered DDP_ERR_INTERNAL "task ring full".
+TEST_CASE("shard: marking every grad of 40 buckets while their gathers are queued on the one stream") {
+  const size_t n = 64, grads = 40;
+  ddp_local_group_t g;
+  REQUIRE(ddp_local_group_create(2, &g) == DDP_SUCCESS);
+  std::atomic<int> failed{0};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      ddp_comm_t comm;
+      ddp_t d;
+      ddp_config_t cfg = sharded();
+      cfg.num_streams = 1;
+      cfg.message_size = 1;  // a bucket per grad
+      cfg.timeout_ms = 20000;
+      if (ddp_comm_init_local(g, r, &comm) || ddp_create(comm, &cfg, &d)) {
+        ++failed;
+        return;
+      }
+      int idx = -1, nb = 0;
+      bool ok = true;
+      for (size_t i = 0; i < grads && ok; ++i) ok = ddp_register_grad(d, nullptr, n, DDP_F32, 0, &idx) == DDP_SUCCESS;
+      ok = ok && ddp_get_plan(d, &nb, nullptr) == DDP_SUCCESS && nb == static_cast<int>(grads);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's gathers wait in line
+      ok = ok && ddp_gather_params(d, nullptr) == DDP_SUCCESS && ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+      for (int i = 0; i < static_cast<int>(grads) && ok; ++i) {
+        float* p = nullptr;
+        ok = ddp_grad_ptr(d, i, reinterpret_cast<void**>(&p)) == DDP_SUCCESS;
+        for (size_t k = 0; ok && k < n; ++k) p[k] = static_cast<float>(r + 1);
+        ok = ok && ddp_grad_ready(d, i) == DDP_SUCCESS;
+      }
+      ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
+      for (int i = 0; i < static_cast<int>(grads) && ok; ++i) {  // this rank's shard holds the average
+        float* p = nullptr;
+        size_t first = 0, count = 0;
+        ok = ddp_grad_ptr(d, i, reinterpret_cast<void**>(&p)) == DDP_SUCCESS &&
+             ddp_grad_shard(d, i, &first, &count, nullptr) == DDP_SUCCESS;
+        for (size_t k = first; ok && k < first + count; ++k) ok = p[k] == 1.5f;
+      }
+      if (!ok) {
+        errors[static_cast<size_t>(r)] = ddp_last_error();
+        ++failed;
+      }
+      ddp_destroy(d);
+      ddp_comm_destroy(comm);
+    });
+  for (auto& t : ts) t.join();
+  ddp_local_group_destroy(g);
+  CAPTURE(errors[0]);
+  CAPTURE(errors[1]);
+  CHECK(failed == 0);
 }

@@ -30,6 +30,8 @@ struct Channel {
   int arrived = 0;
   uint64_t generation = 0;
   bool aborted = false;
+  int aborted_by = -1;        // the rank that gave up first (its peers' errors name it)
+  const char* why = nullptr;  // ... and why
   std::vector<const void*> posted;
   std::vector<std::vector<char>> data;  // per rank: what it posted (grown once, then reused)
 };
@@ -122,28 +124,32 @@ class LocalComm final : public Comm {
         new LocalProber(group_->board(key_ + "/probe" + std::to_string(++probers_)), rank_, std::move(mine)));
   }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
-  bool supports(RedOp op) const override { return op == RedOp::Sum; }
+  // A scaled sum (the averages, DDP_OP_AVG of ddp_comm_allreduce) sums, then scales, as MPI does.
+  bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
   // Pieces as on MPI, so that in-process tests run the same pipeline.
   size_t piece_elems(Dtype d, size_t bytes) const override {
     return std::max<size_t>(1, (bytes ? bytes : piece_bytes_) / dtype_size(d));
   }
 
   void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream&, Deadline dl) override {
-    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
+    const double factor = factor_of(red);
     const size_t bytes = n * dtype_size(d);
     // post() copies `send` into the channel, so the sum can go straight into recv, in place or not.
     post(send, bytes, dl);
     sum(recv, n, d, 0);
+    if (factor != 1.0) host::convert(recv, d, recv, d, n, factor);
     barrier(dl);  // everyone has read every buffer
     // Counted as the ring would move them.
     wire_bytes()->allreduce(bytes, size());
   }
 
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
-    if (red.op != RedOp::Sum) fail(DDP_ERR_INTERNAL, "local comm: only sum is supported");
+    const double factor = factor_of(red);
     const size_t es = dtype_size(d), at = static_cast<size_t>(rank_) * m;
     post(buf, m * static_cast<size_t>(size()) * es, dl);
-    sum(static_cast<char*>(buf) + at * es, m, d, at);
+    char* mine = static_cast<char*>(buf) + at * es;
+    sum(mine, m, d, at);
+    if (factor != 1.0) host::convert(mine, d, mine, d, m, factor);
     barrier(dl);
     wire_bytes()->reduce_scatter(m * static_cast<size_t>(size()) * es, size());
   }
@@ -180,11 +186,15 @@ class LocalComm final : public Comm {
 
   void abort() override {
     std::lock_guard<std::mutex> lock(channel_->mu);
-    channel_->aborted = true;
-    channel_->cv.notify_all();
+    give_up("its context failed or was destroyed: see that rank's error");
   }
 
  private:
+  static double factor_of(Reduction red) {
+    if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "local comm: only sums are fused");
+    return red.op == RedOp::SumScaled ? red.factor : 1.0;
+  }
+
   // out[i] = the sum over ranks of posted[r][from + i], added in rank order (16-bit types in fp32
   // math, rounded after each addition, as the host ring does: a 16-bit wire of compressed buckets).
   void sum(void* out, size_t n, Dtype d, size_t from) {
@@ -212,7 +222,7 @@ class LocalComm final : public Comm {
       Channel& c = *channel_;
       std::lock_guard<std::mutex> lock(c.mu);
       // After an abort a peer may still be reading this rank's previous copy: leave it alone.
-      if (c.aborted) fail(DDP_ERR_ABORTED, "local comm: aborted");
+      if (c.aborted) fail_aborted();
       std::vector<char>& mine = c.data[static_cast<size_t>(rank_)];
       if (mine.size() < bytes) mine.resize(bytes);
       if (bytes) std::memcpy(mine.data(), buf, bytes);
@@ -224,7 +234,7 @@ class LocalComm final : public Comm {
   void barrier(Deadline dl) {
     Channel& c = *channel_;
     std::unique_lock<std::mutex> lock(c.mu);
-    if (c.aborted) fail(DDP_ERR_ABORTED, "local comm: aborted");
+    if (c.aborted) fail_aborted();
     uint64_t gen = c.generation;
     if (++c.arrived == size()) {
       c.arrived = 0;
@@ -237,11 +247,27 @@ class LocalComm final : public Comm {
       c.cv.wait(lock, done);
     } else if (!c.cv.wait_until(lock, dl.at(), done)) {
       // Leave the channel poisoned: the peers that are late would otherwise pair with a later call.
-      c.aborted = true;
-      c.cv.notify_all();
+      give_up("it waited past its deadline for the others");
       fail(DDP_ERR_TIMEOUT, "local comm: rank %d waited past the deadline for the other ranks", rank_);
     }
-    if (c.generation == gen) fail(DDP_ERR_ABORTED, "local comm: aborted by another rank");
+    if (c.generation == gen) fail_aborted();
+  }
+
+  // Poisons the channel (its lock held), naming this rank as the one that gave up, unless one did first.
+  void give_up(const char* why) {
+    Channel& c = *channel_;
+    if (!c.aborted) {
+      c.aborted_by = rank_;
+      c.why = why;
+    }
+    c.aborted = true;
+    c.cv.notify_all();
+  }
+  // The channel was poisoned (its lock held): who gave up, and why.
+  [[noreturn]] void fail_aborted() const {
+    const Channel& c = *channel_;
+    if (c.aborted_by == rank_) fail(DDP_ERR_ABORTED, "local comm: aborted (this rank gave up on it: %s)", c.why);
+    fail(DDP_ERR_ABORTED, "local comm: aborted by rank %d of %d (%s)", c.aborted_by, size(), c.why);
   }
 
   std::shared_ptr<LocalGroup> group_;
