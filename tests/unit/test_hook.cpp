@@ -18,7 +18,7 @@ namespace {
 struct Reentry {
   bool reenter = false;  // the hook calls back into its own context
   ddp_t ctx = nullptr;
-  ddp_op_t op = DDP_OP_SUM;  // the local comm sums only (DDP_OP_AVG is DDP_ERR_UNSUPPORTED there)
+  ddp_op_t op = DDP_OP_SUM;  // the sum (DDP_OP_AVG would average: the local comm sums, then scales)
   int calls = 0;
   int refused = 0;      // ddp_get_stats and ddp_destroy on the hook's own context, refused as they should
   std::string message;  // the first refusal's
