@@ -60,6 +60,23 @@ suite-faults:
 	@echo "faults: 0 passed, 0 failed, 1 skipped"
 endif
 
+# Leaving through exit() without ddp_destroy, and after a timeout with a worker still blocked, many
+# times over (the faults suites run each 10 times): every run's ranks must exit without a crash, over
+# MPI and over Gloo. EXIT_SOAK_RUNS=200 by default (about 15 minutes on 2 cores).
+EXIT_SOAK_RUNS ?= 200
+.PHONY: exit-soak
+ifeq ($(HAVE_MPI),1)
+exit-soak: $(FAULTS_BIN)
+	$(Q)rc=0; export MPIRUN="$(MPIRUN)" TIMEOUT_MS=$(FAULT_TIMEOUT_MS) SCENARIOS="exit-no-destroy exit-timeout" \
+	  EXIT_REPEAT=$(EXIT_SOAK_RUNS); \
+	tests/faults/run.sh $(FAULTS_BIN) || rc=1; \
+	if [ "$(HAVE_GLOO)" = 1 ]; then tests/faults/run.sh $(FAULTS_BIN) gloo || rc=1; fi; \
+	exit $$rc
+else
+exit-soak:
+	@echo "exit-soak: skipped: built with MPI=0"
+endif
+
 # libFuzzer needs clang; the library is built for it in its own tree (no MPI: the fuzzer uses the
 # in-process communicators), instrumented for coverage, ASan and UBSan, every report fatal.
 FUZZ_SAN := -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

@@ -49,4 +49,12 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
+namespace {
+thread_local Deadline t_creation = Deadline::never();
+}  // namespace
+
+Deadline creation_deadline() { return t_creation; }
+CreationScope::CreationScope(Deadline dl) : prev_(t_creation) { t_creation = dl; }
+CreationScope::~CreationScope() { t_creation = prev_; }
+
 }  // namespace ddp

@@ -97,6 +97,21 @@ class Deadline {
   Clock::time_point at_{};
 };
 
+// The bound of the communicator duplications under way on this thread (ddp_create's: MPI_Comm_dup is
+// collective and waits for every rank). Set by a CreationScope for its life; a backend's Comm::dup and
+// make_prober read it; "never" outside any scope.
+Deadline creation_deadline();
+class CreationScope {
+ public:
+  explicit CreationScope(Deadline dl);
+  ~CreationScope();
+  CreationScope(const CreationScope&) = delete;
+  CreationScope& operator=(const CreationScope&) = delete;
+
+ private:
+  Deadline prev_;
+};
+
 inline uint64_t now_ns() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

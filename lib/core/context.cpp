@@ -14,6 +14,8 @@ namespace ddp {
 Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   rank_ = comm.rank();
   world_ = comm.size();
+  // The duplications below are collective: each waits for every rank, within timeout_ms in all.
+  const CreationScope bounded(deadline());
   ctrl_ = comm.dup();
   // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
   agree_config(*ctrl_, cfg_, deadline());

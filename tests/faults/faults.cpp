@@ -19,6 +19,16 @@
 //              message names exactly that rank (no answer, or behind) and where the others are; the stall warning
 //              reaches the log callback once, at stall_warning_ms, with the same picture; the slow rank causes a
 //              warning and no error
+//   create-late the last rank never calls ddp_create: the others' ddp_create returns DDP_ERR_TIMEOUT
+//              within timeout_ms (it duplicates the communicator, a collective)
+//   gloo-init-die (Gloo only) the last rank dies inside ddp_comm_init_gloo_timeout, after publishing its
+//              addresses and before connecting: the others' creation ends within the bound given
+//   exit-no-destroy every rank trains, then leaves through exit() without ddp_destroy (over MPI the
+//              library initialized MPI, so its own MPI_Finalize runs at exit with the context alive)
+//   exit-timeout the last rank SIGKILLs itself while the others' workers are inside a blocking
+//              collective with it; after the timeout rank 0 destroys its context and leaves through
+//              exit(), the others leave through exit() without destroying (run with --enable-recovery)
+//              run.sh runs the exit-* scenarios under a wrapper that prints each rank's exit status
 //   join-kill  uneven inputs: the last rank calls ddp_join after one iteration and is SIGKILLed inside it,
 //              while it shadows the others' iteration (run with --enable-recovery); at 4 ranks one
 //              survivor is inside ddp_join too
@@ -27,7 +37,10 @@
 // rank 0 once all ranks agree), and every rank that gets to the end prints "DONE rank <r>".
 // tests/faults/run.sh runs each scenario under a time bound and reads these lines.
 #include <mpi.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -344,26 +357,30 @@ int threads_now() {
   return n;
 }
 
-void run_blocked() {
-  const int victim = g_world - 1;
+// A context of one grad of 8M f32 (one bucket, one stream), after two good iterations.
+void one_big_bucket(const char* name, ddp_t* d, int* index) {
   ddp_config_t cfg = base_config();
   cfg.layout = DDP_LAYOUT_ARENA;
   cfg.num_streams = 1;
-  ddp_t d = nullptr;
-  int index = -1;
-  const size_t n = size_t(8) << 20;
-  ddp_status_t s = ddp_create(g_comm, &cfg, &d);
-  if (!s) s = ddp_register_grad(d, nullptr, n, DDP_F32, 0, &index);
-  if (!s) s = ddp_commit(d);
+  ddp_status_t s = ddp_create(g_comm, &cfg, d);
+  if (!s) s = ddp_register_grad(*d, nullptr, size_t(8) << 20, DDP_F32, 0, index);
+  if (!s) s = ddp_commit(*d);
   for (int it = 0; !s && it < 2; ++it) {
-    ddp_begin_backward(d, nullptr);
-    ddp_grad_ready(d, index);
-    s = ddp_finish_backward(d, nullptr);
+    ddp_begin_backward(*d, nullptr);
+    ddp_grad_ready(*d, *index);
+    s = ddp_finish_backward(*d, nullptr);
   }
   if (s) {
-    result("blocked", false, "warm-up: " + status_text(s));
+    result(name, false, "warm-up: " + status_text(s));
     std::exit(1);
   }
+}
+
+void run_blocked() {
+  const int victim = g_world - 1;
+  ddp_t d = nullptr;
+  int index = -1;
+  one_big_bucket("blocked", &d, &index);
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == victim) {
     usleep(300 * 1000);  // the survivors are inside the collective by now
@@ -373,7 +390,7 @@ void run_blocked() {
   ddp_begin_backward(d, nullptr);
   const double t0 = now_ms();
   ddp_grad_ready(d, index);
-  s = ddp_finish_backward(d, nullptr);
+  const ddp_status_t s = ddp_finish_backward(d, nullptr);
   const double took = now_ms() - t0;
   char b[200];
   std::snprintf(b, sizeof b, "finish after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
@@ -912,26 +929,169 @@ int run_join_kill() {
   leave_with(g_world - 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Creation: ddp_create with a rank that never comes; a Gloo rank that dies in the rendezvous.
+// ---------------------------------------------------------------------------------------------
+
+int run_create_late() {
+  const int victim = g_world - 1;
+  if (g_rank == victim) {  // never creates; waits until the others are done
+    meet("done", g_world - 1);
+    done();
+    leave_with(g_world);
+  }
+  ddp_config_t cfg = base_config();
+  ddp_t d = nullptr;
+  const double t0 = now_ms();
+  const ddp_status_t s = ddp_create(g_comm, &cfg, &d);
+  const double took = now_ms() - t0;
+  char b[160];
+  std::snprintf(b, sizeof b, "ddp_create after %.0f ms (timeout %lld) -> ", took, static_cast<long long>(g_timeout_ms));
+  result("create-late",
+         s == DDP_ERR_TIMEOUT && took >= 0.5 * static_cast<double>(g_timeout_ms) &&
+             took <= static_cast<double>(g_timeout_ms) + kMarginMs,
+         b + status_text(s));
+  if (d) ddp_destroy(d);
+  done();
+  leave_with(g_world);
+}
+
+// The victim of gloo-init-die dies right after the file store has published its addresses for the
+// first communicator's mesh (the file "c0.<rank>"), before it connects: the store's rename, interposed
+// here.
+std::string g_die_after_key;
+
 }  // namespace
+
+extern "C" int rename(const char* from, const char* to) {
+  const int rc = static_cast<int>(syscall(SYS_renameat, AT_FDCWD, from, AT_FDCWD, to));
+  const char* base = std::strrchr(to, '/');
+  if (!g_die_after_key.empty() && rc == 0 && base && g_die_after_key == base + 1) {
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  return rc;
+}
+
+namespace {
+
+int run_gloo_init_die() {
+  const char* dir = std::getenv("DDP_TEST_RUN_DIR");
+  if (!g_gloo || !dir) {
+    result("gloo-init-die", false, "needs DDP_TEST_GLOO and DDP_TEST_RUN_DIR");
+    return 1;
+  }
+  const std::string store = std::string(dir) + "/store";
+  mkdir(store.c_str(), 0700);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == g_world - 1) g_die_after_key = "c0." + std::to_string(g_rank);
+  const int64_t bound = g_timeout_ms;
+  ddp_comm_t c = nullptr;
+  const double t0 = now_ms();
+  const ddp_status_t s = ddp_comm_init_gloo_timeout(("file://" + store).c_str(), g_rank, g_world, bound, &c);
+  const double took = now_ms() - t0;
+  char b[200];
+  std::snprintf(b, sizeof b, "ddp_comm_init_gloo_timeout(%lld ms) after %.0f ms -> ", static_cast<long long>(bound),
+                took);
+  result("gloo-init-die", s == DDP_ERR_TIMEOUT && took <= static_cast<double>(bound) + 1000.0, b + status_text(s));
+  done();
+  leave_with(g_world - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leaving through exit(): without ddp_destroy, and after a timeout with a worker still blocked.
+// ---------------------------------------------------------------------------------------------
+
+[[noreturn]] void exit_with(int survivors) {
+  std::fflush(stdout);
+  meet("exit", survivors);
+  std::exit(0);  // static destructors and atexit handlers (the library's MPI_Finalize) run
+}
+
+void run_exit_no_destroy() {
+  Ctx x;
+  ddp_status_t s = make_ctx(&x, base_config(), 12);
+  for (int it = 0; !s && it < 2; ++it) {
+    ddp_begin_backward(x.d, nullptr);
+    fill(x, it);
+    for (int g = static_cast<int>(x.grads.size()) - 1; g >= 0; --g) ddp_grad_ready(x.d, g);
+    s = ddp_finish_backward(x.d, nullptr);
+  }
+  result("exit-no-destroy", s == DDP_SUCCESS, "two iterations -> " + status_text(s) + "; leaving without ddp_destroy");
+  done();
+  exit_with(g_world);
+}
+
+void run_exit_timeout() {
+  const int victim = g_world - 1;
+  ddp_t d = nullptr;
+  int index = -1;
+  one_big_bucket("exit-timeout", &d, &index);
+  meet("warm", g_world);
+  if (g_rank == victim) {
+    usleep(300 * 1000);  // the others are inside the collective by now
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  ddp_begin_backward(d, nullptr);
+  ddp_grad_ready(d, index);
+  const ddp_status_t s = ddp_finish_backward(d, nullptr);
+  result("exit-timeout", s == DDP_ERR_TIMEOUT || s == DDP_ERR_ABORTED, "finish -> " + status_text(s));
+  if (g_rank == 0) ddp_destroy(d);
+  done();
+  exit_with(g_world - 1);
+}
+
+}  // namespace
+
+// The exit-* scenarios: over MPI the library initializes MPI itself (ddp_comm_init_mpi before any MPI
+// call), so that its own MPI_Finalize runs at exit; over Gloo no MPI at all (mpirun only starts the
+// ranks: rank and size from its environment).
+int run_exit(const std::string& scenario, const char* gloo) {
+  ddp_status_t s;
+  if (gloo) {
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+    g_rank = r ? std::atoi(r) : 0;
+    g_world = n ? std::atoi(n) : 1;
+    s = ddp_comm_init_gloo_timeout(gloo, g_rank, g_world, 60000, &g_comm);
+  } else {
+    s = ddp_comm_init_mpi(nullptr, &g_comm);
+    if (!s) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+    }
+  }
+  if (s) {
+    result(scenario, false, "creating the communicator -> " + status_text(s));
+    return 1;
+  }
+  if (scenario == "exit-no-destroy") run_exit_no_destroy();
+  if (scenario == "exit-timeout") run_exit_timeout();
+  result(scenario, false, "unknown scenario");
+  return 2;
+}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
-        "inspect-stall|inspect-skip|inspect-slow|shard-kill|shard-stall|gather-kill|gather-stall|join-kill [seed] "
-        "[timeout_ms]\n");
+    std::fprintf(stderr,
+                 "usage: faults die-exit|die-kill|stall|mismatch|unused|nonfinite|threads|blocked|inspect-kill|"
+                 "inspect-stall|inspect-skip|inspect-slow|shard-kill|shard-stall|gather-kill|gather-stall|join-kill|"
+                 "create-late|gloo-init-die|exit-no-destroy|exit-timeout [seed] "
+                 "[timeout_ms]\n");
     return 2;
   }
   const std::string scenario = argv[1];
   if (argc > 2) g_seed = std::strtoull(argv[2], nullptr, 10);
   if (argc > 3) g_timeout_ms = std::strtoll(argv[3], nullptr, 10);
+  const char* gloo = std::getenv("DDP_TEST_GLOO");
+  g_gloo = gloo != nullptr;
+  if (scenario.compare(0, 5, "exit-") == 0) return run_exit(scenario, gloo);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  const char* gloo = std::getenv("DDP_TEST_GLOO");
-  g_gloo = gloo != nullptr;
+  if (scenario == "gloo-init-die") return run_gloo_init_die();
   ddp_status_t s =
       g_gloo ? ddp_comm_init_gloo_timeout(gloo, g_rank, g_world, 60000, &g_comm) : ddp_comm_init_mpi(nullptr, &g_comm);
   if (s) {
@@ -939,7 +1099,9 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int rc = 0;
-  if (scenario == "die-exit")
+  if (scenario == "create-late")
+    rc = run_create_late();
+  else if (scenario == "die-exit")
     rc = run_fault(Fault::Exit, "die-exit");
   else if (scenario == "die-kill")
     rc = run_fault(Fault::Kill, "die-kill");

@@ -19,6 +19,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -104,7 +105,9 @@ void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
 
 std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& key, Deadline dl) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(w.rv.rank, w.rv.size);
-  ctx->setTimeout(left(dl));
+  // Gloo waits five times the context's timeout for a pair's first connection (a peer that died in
+  // the rendezvous): a fifth of what is left, so that the whole creation ends within `dl`.
+  ctx->setTimeout(Ms(std::max<int64_t>(1, tcp::ms_left(dl, kForeverMs) / 5)));
   StoreAdapter adapter(*w.rv.store, key + "/", dl);
   gloo_call(w, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
     ctx->connectFullMesh(adapter, w.device);
@@ -300,8 +303,11 @@ class GlooComm final : public Comm {
     if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "Gloo comm: only sums are fused");
     return red.op == RedOp::SumScaled ? red.factor : 1.0;
   }
-  // The creation of duplicates and probers: bounded as the communicator's creation was.
-  Deadline init_deadline() const { return Deadline::after_ms(world_->init_timeout_ms); }
+  // The creation of duplicates and probers: bounded as the communicator's creation was, and by
+  // ddp_create's timeout_ms (creation_deadline) when that comes first.
+  Deadline init_deadline() const {
+    return Deadline::earlier(Deadline::after_ms(world_->init_timeout_ms), creation_deadline());
+  }
   void usable() const {
     if (failed_->load())
       fail(DDP_ERR_ABORTED, "rank %d: this Gloo communicator failed earlier and cannot be used", rank());

@@ -8,6 +8,7 @@
 // over a piece measured 25-55% of the allreduce's time on this engine) and every rank receives the
 // same bits. Small ones stay MPI_Allreduce, whose algorithms suit latency-bound sizes better.
 #include "core/comms.hpp"
+#include "core/knobs.hpp"
 
 #include <mpi.h>
 #include <sched.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -41,13 +43,52 @@ std::string mpi_error_text(int code) {
     if (ddp_mpi_rc_ != MPI_SUCCESS) fail(DDP_ERR_MPI, "%s failed: %s", #call, mpi_error_text(ddp_mpi_rc_).c_str()); \
   } while (0)
 
-std::once_flag g_init_once;
+std::once_flag g_init_once, g_hook_once;
 bool g_we_initialized = false;
 
+// Set once a collective of this process gave up (a timeout, an abort, a duplication left posted): a
+// worker may still be inside MPI, and a peer may be dead. MPI_Finalize is then unsafe (it unloads the
+// transports under a blocked worker) and may wait forever (for the dead peer): it is skipped at exit.
+std::atomic<bool> g_gave_up{false};
+void gave_up() { g_gave_up.store(true); }
+
+// The stall inspector's responder threads (MpiProber::serve) that are running, so that MPI_Finalize,
+// whoever calls it, first stops them: a thread inside MPI_Iprobe while MPI shuts down crashes.
+struct Responders {
+  std::mutex mu;
+  std::vector<std::function<void()>*> stops;
+};
+Responders& responders() {
+  static auto* r = new Responders();  // never destroyed: used at exit
+  return *r;
+}
+void stop_responders() {
+  Responders& r = responders();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (std::function<void()>* stop : r.stops) (*stop)();
+  r.stops.clear();
+}
+
+// Attributes of MPI_COMM_SELF are deleted first thing in MPI_Finalize, while MPI still works.
+int on_finalize(MPI_Comm, int, void*, void*) {
+  stop_responders();
+  return MPI_SUCCESS;
+}
+void hook_finalize() {
+  std::call_once(g_hook_once, [] {
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_finalize, &key, nullptr) == MPI_SUCCESS)
+      MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+  });
+}
+
+// The library's own MPI_Finalize, when it initialized MPI: skipped after a collective gave up.
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  stop_responders();
+  if (!g_gave_up.load()) MPI_Finalize();
 }
 
 void ensure_mpi() {
@@ -67,6 +108,7 @@ void ensure_mpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) fail(DDP_ERR_INVALID_STATE, "MPI has already been finalized");
+  hook_finalize();
   int level = 0;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_MULTIPLE)
@@ -91,13 +133,33 @@ void wait_request(MPI_Request* req, Deadline dl, const char* what) {
     int done = 0;
     DDP_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    if ((spin & 63u) == 63u && dl.passed())
+    if ((spin & 63u) == 63u && dl.passed()) {
+      gave_up();  // the request stays posted
       fail(DDP_ERR_TIMEOUT,
            "%s did not complete before the timeout: another rank stalled, died or "
            "issued a different collective",
            what);
+    }
     sched_yield();
   }
+}
+
+// MPI_Comm_dup waits for every rank and cannot be stopped: the nonblocking MPI_Comm_idup instead,
+// polled until `dl`. One left posted at the deadline completes whenever the last rank comes, into a
+// handle kept until exit.
+MPI_Comm idup_within(MPI_Comm base, Deadline dl, const char* why) {
+  auto out = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+  MPI_Request req;
+  DDP_MPI_CHECK(MPI_Comm_idup(base, out.get(), &req));
+  try {
+    wait_request(
+        &req, dl,
+        format("the duplication of the MPI communicator (MPI_Comm_idup, waiting for every rank to %s)", why).c_str());
+  } catch (const Error& e) {
+    if (e.status() == DDP_ERR_TIMEOUT) host::keep_until_exit(out);
+    throw;
+  }
+  return *out;
 }
 
 // Counts larger than an int are sent in pieces.
@@ -146,11 +208,19 @@ class MpiProber final : public Prober {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    if (size_ > 1) responder_ = std::thread([this] { serve(); });
+    if (size_ < 2) return;
+    Responders& r = responders();
+    std::lock_guard<std::mutex> lock(r.mu);
+    responder_ = std::thread([this] { serve(); });
+    r.stops.push_back(&stop_and_join_);
   }
   ~MpiProber() override {
-    stop_ = true;
-    if (responder_.joinable()) responder_.join();
+    {
+      Responders& r = responders();
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.stops.erase(std::remove(r.stops.begin(), r.stops.end(), &stop_and_join_), r.stops.end());
+      stop_and_join_();
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && !left_posted_) MPI_Comm_free(&comm_);
@@ -256,6 +326,11 @@ class MpiProber final : public Prober {
   uint64_t seq_ = 0;
   std::atomic<bool> stop_{false}, left_posted_{false};
   std::thread responder_;
+  // Called under responders().mu, by the destructor or by MPI_Finalize (on_finalize).
+  std::function<void()> stop_and_join_ = [this] {
+    stop_ = true;
+    if (responder_.joinable()) responder_.join();
+  };
 };
 
 class MpiComm final : public Comm {
@@ -275,16 +350,10 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   Memory memory() const override { return Memory::Host; }
 
-  std::unique_ptr<Comm> dup() override {
-    MPI_Comm c;
-    DDP_MPI_CHECK(MPI_Comm_dup(comm_, &c));
-    return std::unique_ptr<Comm>(new MpiComm(c));
-  }
+  std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new MpiComm(dup_within(creation_deadline()))); }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
-    MPI_Comm c;
-    DDP_MPI_CHECK(MPI_Comm_dup(comm_, &c));
-    return std::unique_ptr<Prober>(new MpiProber(c, std::move(mine)));
+    return std::unique_ptr<Prober>(new MpiProber(dup_within(creation_deadline()), std::move(mine)));
   }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
@@ -385,10 +454,20 @@ class MpiComm final : public Comm {
   // and the ring's buffer is kept for a message still on its way.
   void abort() override {
     aborted_ = true;
+    gave_up();
     host::keep_until_exit(ring_);
   }
 
  private:
+  MPI_Comm dup_within(Deadline dl) {
+    try {
+      return idup_within(comm_, dl, "create its context");
+    } catch (const Error& e) {
+      if (e.status() == DDP_ERR_TIMEOUT) aborted_ = true;  // out of step with its peers: never freed
+      throw;
+    }
+  }
+
   // One blocking call over the ring: a worker written off inside it parks when it returns, and a
   // message left posted may still land in the ring's buffer, which is then kept.
   template <class F>
@@ -473,10 +552,8 @@ std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm) {
   ensure_mpi();
   MPI_Comm base = mpi_comm ? *static_cast<const MPI_Comm*>(mpi_comm) : MPI_COMM_WORLD;
   if (base == MPI_COMM_NULL) fail(DDP_ERR_INVALID_ARGUMENT, "the MPI communicator is MPI_COMM_NULL");
-  MPI_Comm c;
-  int rc = MPI_Comm_dup(base, &c);
-  if (rc != MPI_SUCCESS) fail(DDP_ERR_MPI, "MPI_Comm_dup failed: %s", mpi_error_text(rc).c_str());
-  return std::unique_ptr<Comm>(new MpiComm(c));
+  return std::unique_ptr<Comm>(
+      new MpiComm(idup_within(base, Deadline::after_ms(knobs::init_timeout_ms()), "call ddp_comm_init_mpi")));
 }
 
 }  // namespace ddp
