@@ -211,8 +211,12 @@ DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, s
   }
   *scale = s;
   const M step = static_cast<M>(s), inv = s > 0.0f ? M(1) / step : M(0);
+  // A scale below 1 / FLT_MAX (a block max below ~3.7e-37) has no finite fp32 reciprocal: such a
+  // block divides instead (|y| / step <= 127, so nothing overflows; zeros stay zeros, not Inf * 0).
+  const bool divide = inv - inv != M(0);
   for (size_t i = 0; i < n; ++i) {
-    M r = round_small(mul_rn(y[i], inv));  // fused with round_small's + 1.5 * 2^23, it would round once
+    // Fused with round_small's + 1.5 * 2^23, the product would round once: mul_rn keeps it apart.
+    M r = round_small(divide ? y[i] / step : mul_rn(y[i], inv));
     r = r > M(127) ? M(127) : r;
     r = r < M(-127) ? M(-127) : r;
     q[i] = static_cast<int8_t>(static_cast<int>(r));

@@ -172,6 +172,39 @@ TEST_CASE("int8: a zero block sends zeros with scale 0") {
   for (float v : out) CHECK(v == 0.0f);
 }
 
+TEST_CASE("int8: tiny blocks (max below 127 / FLT_MAX, down to denormals) stay finite and within half a step") {
+  // 1 / scale overflows to +Inf once the scale is below 1 / FLT_MAX (a block max below ~3.7e-37):
+  // zeros then became NaN residuals (Inf * 0) and the whole block NaN from the next iteration on.
+  for (float amax : {3.0e-37f, 1.0e-38f, 1.0e-40f, 1.0e-44f}) {
+    const size_t n = 300;  // a full block and a partial one
+    std::vector<float> x = random_floats(n, 7, 1.0f), residual(n, 0.0f), out(n, 0.0f);
+    float m = 0;
+    for (float v : x) m = std::max(m, std::fabs(v));
+    for (size_t i = 0; i < n; ++i) x[i] = i % 3 == 0 ? 0.0f : x[i] / m * amax;  // zeros among them
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      const std::vector<float> owed_before = residual;
+      Chunk c(n);
+      host::int8_quantize(x.data(), Dtype::F32, n, residual.data(), c.bytes.data());
+      host::int8_dequant_sum(c.bytes.data(), c.bytes.size(), 1, n, Dtype::F32, out.data());
+      for (size_t b = 0; b < 2; ++b) REQUIRE(std::isfinite(c.scale(b)));
+      for (size_t i = 0; i < n; ++i) {
+        INFO("amax ", amax, " iteration ", iteration, " element ", i);
+        const double step = c.scale(i / 256), y = static_cast<double>(x[i]) + owed_before[i];
+        REQUIRE(std::isfinite(residual[i]));
+        REQUIRE(std::isfinite(out[i]));
+        REQUIRE(std::abs(c.q(i)) <= 127);
+        // Sent + kept = owed, and what is kept is within half a step (round to nearest); a scale
+        // below the smallest denormal sends nothing and keeps everything.
+        REQUIRE(std::fabs(static_cast<double>(out[i]) + residual[i] - y) <= 1e-6 * std::fabs(y) + 1e-45);
+        if (step > 0)
+          REQUIRE(std::fabs(static_cast<double>(residual[i])) <= 0.5 * step * (1 + 1e-6) + 1e-45);
+        else
+          REQUIRE(out[i] == 0.0f);
+      }
+    }
+  }
+}
+
 TEST_CASE("int8: the dequantized sum adds every rank's term in rank order, in the bucket type's math") {
   const size_t n = 517;
   const int world = 3;
