@@ -109,6 +109,11 @@ std::atomic<uint64_t> g_seed{0};
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
+// Whether a context is current on this thread. A thread starts with none; cudaSetDevice and the
+// first call that needs one (an allocation, a stream, a copy) make the current device's primary
+// context current, as the runtime does; cuCtxSetCurrent(NULL) leaves none again.
+thread_local bool t_context = false;
+std::set<cudaStream_t> g_capturing;  // under reg().mu: streams tests declared as being captured
 
 cudaError_t note(cudaError_t rc) {
   if (rc != cudaSuccess) t_last_error = rc;
@@ -171,6 +176,7 @@ cudaStream_t resolve(cudaStream_t s) {
   Registry& r = reg();
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     if (t_device < 0 || t_device >= r.devices) return nullptr;
+    t_context = true;
     return r.legacy[static_cast<size_t>(t_device)];
   }
   std::lock_guard<std::mutex> lock(r.mu);
@@ -266,7 +272,9 @@ int kind_of(const void* p, size_t bytes) {
 
 bool check_device() {
   Registry& r = reg();
-  return t_device >= 0 && t_device < r.devices;
+  const bool ok = t_device >= 0 && t_device < r.devices;
+  if (ok) t_context = true;
+  return ok;
 }
 
 // Checks a copy's kind against where its pointers lie, as the real runtime does with unified
@@ -341,6 +349,17 @@ void fault(int device, const char* what) {
 }
 
 int current_device() { return t_device; }
+
+bool thread_has_context() { return t_context; }
+
+void set_capturing(cudaStream_t stream, bool capturing) {
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (capturing)
+    g_capturing.insert(stream);
+  else
+    g_capturing.erase(stream);
+}
 
 }  // namespace gpusim
 
@@ -417,6 +436,7 @@ cudaError_t cudaSetDevice(int device) {
   if (reg().devices == 0) return note(cudaErrorNoDevice);
   if (device < 0 || device >= reg().devices) return note(cudaErrorInvalidDevice);
   t_device = device;
+  t_context = true;  // CUDA 12: cudaSetDevice initializes the device's primary context and makes it current
   return cudaSuccess;
 }
 
@@ -534,11 +554,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   return note(copy_async(dst, src, n, kind, stream));
 }
 
-// Synchronous copies and sets run on the legacy stream and return when done.
+// The "synchronous" copies and sets run on the legacy stream. As documented for the runtime, a copy
+// between two device buffers and a memset of device memory return before the work is done (they are
+// ordered only by the legacy stream: after earlier work of blocking streams, not with non-blocking
+// ones); a copy that involves host memory returns when it is done.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   if (!check_device()) return note(cudaErrorNoDevice);
   cudaError_t e = copy_async(dst, src, n, kind, nullptr);
   if (e) return note(e);
+  if (kind_of(dst, n) >= 0 && kind_of(src, n) >= 0) return cudaSuccess;
   wait_for(tail_of(resolve(nullptr)));
   return note(sticky(t_device));
 }
@@ -555,10 +579,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStream_t stream)
 
 cudaError_t cudaMemset(void* ptr, int value, size_t n) {
   if (!check_device()) return note(cudaErrorNoDevice);
-  cudaError_t e = cudaMemsetAsync(ptr, value, n, nullptr);
-  if (e) return e;
-  wait_for(tail_of(resolve(nullptr)));
-  return note(sticky(t_device));
+  return cudaMemsetAsync(ptr, value, n, nullptr);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
@@ -626,7 +647,38 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   if (!status) return note(cudaErrorInvalidValue);
   if (!resolve(stream)) return note(cudaErrorInvalidResourceHandle);
-  *status = cudaStreamCaptureStatusNone;
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  *status = g_capturing.count(stream) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+// The driver's current context: a token per device (null: none current).
+static char g_contexts[64];
+
+static int sim_ctx_get_current(void** ctx) {
+  *ctx = t_context ? &g_contexts[t_device] : nullptr;
+  return 0;
+}
+
+static int sim_ctx_set_current(void* ctx) {
+  if (!ctx) {
+    t_context = false;
+    t_device = 0;  // what the runtime answers on a thread without a context
+    return 0;
+  }
+  t_device = static_cast<int>(static_cast<char*>(ctx) - g_contexts);
+  t_context = true;
+  return 0;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn) return note(cudaErrorInvalidValue);
+  *fn = nullptr;
+  if (strcmp(symbol, "cuCtxGetCurrent") == 0) *fn = reinterpret_cast<void*>(&sim_ctx_get_current);
+  if (strcmp(symbol, "cuCtxSetCurrent") == 0) *fn = reinterpret_cast<void*>(&sim_ctx_set_current);
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -245,6 +246,9 @@ struct Call {
 
 std::atomic<int> g_fail{ncclSuccess};
 std::atomic<bool> g_stall{false};
+std::mutex g_stuck_mu;
+std::set<const CommState*> g_stuck;  // communicators with a collective held by the stall
+std::atomic<int> g_splits{0}, g_shared_splits{0};
 
 // The injected faults, where a collective starts running: true if it must not run.
 bool injected(CommState& st) {
@@ -254,8 +258,37 @@ bool injected(CommState& st) {
     return true;
   }
   if (!g_stall) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_stuck_mu);
+    g_stuck.insert(&st);
+  }
   while (!st.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::lock_guard<std::mutex> lock(g_stuck_mu);
+  g_stuck.erase(&st);
   return true;
+}
+
+// NCCL's abort frees the communicator's device memory, which waits for the device: a kernel of
+// another communicator spinning on a dead peer holds it until that one is aborted too. So an abort
+// waits here until every stuck collective of its device belongs to an aborted communicator: aborts
+// issued one after another hang (given up after 3 s, with a line on stderr, so that a test fails
+// instead of hanging), aborts issued together do not.
+void wait_for_siblings(const CommState& st) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (;;) {
+    bool spinning = false;
+    {
+      std::lock_guard<std::mutex> lock(g_stuck_mu);
+      for (const CommState* o : g_stuck) spinning = spinning || (o != &st && o->device == st.device && !o->aborted);
+    }
+    if (!spinning) return;
+    if (std::chrono::steady_clock::now() > give_up) {
+      fprintf(stderr, "gpusim: ncclCommAbort deadlocked: another communicator's collective spins on device %d\n",
+              st.device);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 // What a nonblocking communicator answers for a call that was accepted: in progress, for a poll.
@@ -472,6 +505,11 @@ void nccl_inject_async_error(ncclComm_t comm, ncclResult_t error) {
 }
 void nccl_fail_collectives(ncclResult_t error) { g_fail = error; }
 void nccl_stall_collectives(bool stall) { g_stall = stall; }
+
+void nccl_split_counts(int* splits, int* shared) {
+  *splits = g_splits;
+  *shared = g_shared_splits;
+}
 }  // namespace gpusim
 
 extern "C" {
@@ -564,15 +602,22 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return ncclCommInitRank(comms, 1, id, 0);
 }
 
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
+// A config's blocking field decides whether the new communicator is nonblocking; without a config
+// (or with blocking left undefined) it inherits its parent's.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   if (ncclResult_t r = check_comm(comm)) return r;
   if (!newcomm) return err(ncclInvalidArgument, "newcomm is NULL");
+  if (config && config->magic != 0xcafebeef) return err(ncclInvalidArgument, "config not initialized");
+  ++g_splits;
+  if (config && config->splitShare == 1) ++g_shared_splits;
+  const bool nonblocking =
+      config && config->blocking != NCCL_CONFIG_UNDEF_INT ? config->blocking == 0 : comm->st->nonblocking;
   MPI_Comm c;
   if (MPI_Comm_split(comm->st->ctrl, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &c) != MPI_SUCCESS)
     return err(ncclSystemError, "MPI_Comm_split failed");
   *newcomm = c == MPI_COMM_NULL ? nullptr : make_comm(c, comm->st->device);
-  if (!*newcomm || !comm->st->nonblocking) return ncclSuccess;
-  (*newcomm)->st->nonblocking = true;  // a split without a config inherits its parent's
+  if (!*newcomm || !nonblocking) return ncclSuccess;
+  (*newcomm)->st->nonblocking = true;
   return accepted(*(*newcomm)->st, ncclSuccess);
 }
 
@@ -608,6 +653,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     st->aborted = true;
     st->cv.notify_all();
   }
+  wait_for_siblings(*st);
   join_init(*st);
   delete comm;
   return ncclSuccess;

@@ -2,7 +2,9 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "kernels/multi_tensor.h"
@@ -35,13 +37,113 @@ int require_cuda_device(int device) {
   return n;
 }
 
+namespace {
+
+// The driver's current-context calls, found through the runtime (no link to libcuda): the runtime
+// alone cannot tell "device 0 is current" from "nothing was ever made current on this thread".
+struct CtxApi {
+  int (*get)(void** ctx) = nullptr;
+  int (*set)(void* ctx) = nullptr;
+};
+
+const CtxApi& ctx_api() {
+  static const CtxApi a = [] {
+    CtxApi x;
+    const cudaError_t before = cudaPeekAtLastError();
+    void *get = nullptr, *set = nullptr;
+    cudaDriverEntryPointQueryResult qg = cudaDriverEntryPointSymbolNotFound, qs = qg;
+    const bool ok =
+        cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &qg) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &qs) == cudaSuccess &&
+        qg == cudaDriverEntryPointSuccess && qs == cudaDriverEntryPointSuccess;
+    if (ok) {
+      x.get = reinterpret_cast<int (*)(void**)>(get);
+      x.set = reinterpret_cast<int (*)(void*)>(set);
+    } else if (before == cudaSuccess) {
+      cudaGetLastError();  // our failed lookup only: a pending error of the caller's stays
+    }
+    return x;
+  }();
+  return a;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) : device_(device) {
+  void* ctx = nullptr;
+  if (ctx_api().get && ctx_api().get(&ctx) == 0) had_context_ = ctx != nullptr;
   DDP_CUDA_CHECK(cudaGetDevice(&prev_));
-  if (prev_ != device_) DDP_CUDA_CHECK(cudaSetDevice(device_));
+  if (prev_ != device_ || !had_context_) DDP_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceGuard::DeviceGuard(int device, bool) : device_(device) {
+  void* ctx = nullptr;
+  if (ctx_api().get && ctx_api().get(&ctx) == 0) had_context_ = ctx != nullptr;
+  if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+  if (prev_ != device_ || !had_context_) cudaSetDevice(device_);
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);  // a destructor cannot throw; nothing to undo
+  // A destructor cannot throw, and there is nothing to undo if the switch back fails.
+  if (!had_context_)
+    ctx_api().set(nullptr);  // as the caller had it: no context, none created on GPU 0
+  else if (prev_ >= 0 && prev_ != device_)
+    cudaSetDevice(prev_);
+}
+
+void refuse_capture(void* user_stream, const char* where) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DDP_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(user_stream), &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    fail(DDP_ERR_UNSUPPORTED,
+         "%s: the stream is being captured into a CUDA graph, and libddp cannot be captured: an iteration keeps "
+         "state on the host (deadlines, finiteness flags, statistics) that a replayed graph would not update. "
+         "Call libddp outside the captured region",
+         where);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The watchdog
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Watchdog {
+  std::mutex mu;  // held while registering, unregistering and scanning
+  std::vector<Watched*> items;
+  bool started = false;
+
+  void loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::lock_guard<std::mutex> lock(mu);
+      for (Watched* w : items) w->scan();
+    }
+  }
+};
+
+// Never destroyed: the thread runs until the process exits.
+Watchdog& watchdog() {
+  static Watchdog* w = new Watchdog();
+  return *w;
+}
+
+}  // namespace
+
+void watchdog_register(Watched* w) {
+  Watchdog& d = watchdog();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.items.push_back(w);
+  if (!d.started) {
+    d.started = true;
+    std::thread([&d] { d.loop(); }).detach();
+  }
+}
+
+void watchdog_unregister(Watched* w) {
+  Watchdog& d = watchdog();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.items.erase(std::remove(d.items.begin(), d.items.end(), w), d.items.end());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -53,17 +155,18 @@ CudaStream::CudaStream(int device, int index) : device_(device), index_(index) {
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DDP_CUDA_CHECK(cudaEventCreateWithFlags(&in_event_, cudaEventDisableTiming));
   DDP_CUDA_CHECK(cudaEventCreateWithFlags(&out_event_, cudaEventDisableTiming));
+  watchdog_register(this);
 }
 
 CudaStream::~CudaStream() {
+  watchdog_unregister(this);
   // Resources of a stream with work still queued are released when that work completes.
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != device_) cudaSetDevice(device_);
+  DeviceGuard g(device_, true);
+  for (const Mark& m : marks_) cudaEventDestroy(m.event);
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
   if (in_event_) cudaEventDestroy(in_event_);
   if (out_event_) cudaEventDestroy(out_event_);
   if (stream_) cudaStreamDestroy(stream_);
-  if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 
 void CudaStream::submit(Task* task) {
@@ -72,18 +175,97 @@ void CudaStream::submit(Task* task) {
   task->run();
 }
 
+// Inside an NCCL group the collective is only enqueued at the group's end, so no event is recorded
+// here: its deadline waits for the next mark (finishes_later), recorded after the group.
 void CudaStream::watch(AsyncErrorSource* src, Deadline dl) {
+  std::lock_guard<std::mutex> lock(mu_);
   bool known = false;
   for (AsyncErrorSource* s : sources_) known = known || s == src;
   if (!known) sources_.push_back(src);  // a handful per stream, added on first use only
-  if (!dl.infinite() && (!has_pending_ || dl.at() > pending_.at())) {
-    pending_ = dl;
-    has_pending_ = true;
+  if (!dl.infinite() && (!has_unmarked_ || dl.at() < unmarked_.at())) {
+    unmarked_ = dl;  // the oldest: later work must not hide a collective stuck before it
+    has_unmarked_ = true;
   }
 }
 
+bool CudaStream::finishes_later(int tag, std::atomic<int32_t>* done) {
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!spare_.empty()) {
+      e = spare_.back();
+      spare_.pop_back();
+    }
+  }
+  DeviceGuard g(device_);
+  if (!e) DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // until the pool is large enough
+  const cudaError_t rc = cudaEventRecord(e, stream_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rc != cudaSuccess) {
+    spare_.push_back(e);
+    DDP_CUDA_CHECK(rc);
+  }
+  marks_.push_back(Mark{e, unmarked_, has_unmarked_, tag, done});
+  has_unmarked_ = false;
+  return true;
+}
+
+int CudaStream::oldest_unfinished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  late_locked(false);
+  return marks_.empty() ? -1 : marks_.front().tag;
+}
+
+bool CudaStream::late_locked(bool stream_idle) {
+  while (!marks_.empty() && (stream_idle || cudaEventQuery(marks_.front().event) == cudaSuccess)) {
+    marks_.front().done->fetch_add(1, std::memory_order_relaxed);
+    spare_.push_back(marks_.front().event);
+    marks_.pop_front();
+  }
+  if (stream_idle) has_unmarked_ = false;
+  if (!marks_.empty() && marks_.front().has_deadline && marks_.front().deadline.passed()) return true;
+  for (const Mark& m : marks_)
+    if (m.has_deadline && m.deadline.passed()) return true;
+  return has_unmarked_ && unmarked_.passed() && cudaStreamQuery(stream_) == cudaErrorNotReady;
+}
+
+// The watchdog's check. Aborting releases the stuck kernels (and whoever waits on them); the sources
+// abort every communicator split from the same parent at once, so none waits on a sibling's kernel.
+void CudaStream::scan() {
+  std::vector<AsyncErrorSource*> stuck;
+  {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || late_ || cancelled_) return;
+    DeviceGuard g(device_, true);
+    if (!late_locked(false)) return;
+    late_ = true;
+    abandoned_->store(true);
+    stuck = sources_;
+  }
+  for (AsyncErrorSource* s : stuck) s->mark_stalled();
+}
+
+void CudaStream::fail_late() {
+  std::string who;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (AsyncErrorSource* s : sources_)
+      if (who.empty()) who = s->who();
+  }
+  fail(DDP_ERR_TIMEOUT,
+       "stream %d%s%s: a collective did not complete before the timeout: another rank stalled, died or issued a "
+       "different collective; its communicators were aborted",
+       index_, who.empty() ? "" : ", ", who.c_str());
+}
+
 bool CudaStream::idle() {
-  for (AsyncErrorSource* s : sources_) s->check_async();
+  std::vector<AsyncErrorSource*> srcs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    srcs = sources_;
+  }
+  if (late()) fail_late();
+  for (AsyncErrorSource* s : srcs) s->check_async();
   // Querying a stream that is being captured into a graph would invalidate the capture.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DDP_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
@@ -92,19 +274,42 @@ bool CudaStream::idle() {
   if (rc == cudaSuccess) {
     // A collective that failed may have finished after the check above: its error must not be
     // mistaken for a clean finish (the grads it left are not reduced).
-    for (AsyncErrorSource* s : sources_) s->check_async();
-    has_pending_ = false;
+    for (AsyncErrorSource* s : srcs) s->check_async();
+    std::lock_guard<std::mutex> lock(mu_);
+    late_locked(true);
     return true;
   }
   if (rc != cudaErrorNotReady) DDP_CUDA_CHECK(rc);
-  if (has_pending_ && pending_.passed()) {
-    for (AsyncErrorSource* s : sources_) s->mark_stalled();
-    fail(DDP_ERR_TIMEOUT,
-         "stream %d: a collective did not complete before the timeout: another rank stalled, died or issued a "
-         "different collective",
-         index_);
+  bool over = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    over = !late_ && late_locked(false);
+    if (over) late_ = true, abandoned_->store(true);
+  }
+  if (over) {
+    for (AsyncErrorSource* s : srcs) s->mark_stalled();
+    fail_late();
   }
   return false;
+}
+
+bool CudaStream::late() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return late_;
+}
+
+// Host waits for one event of this stream; the stream's own checks bound the wait.
+void CudaStream::wait_event(cudaEvent_t e) {
+  for (unsigned spin = 0;; ++spin) {
+    const cudaError_t rc = cudaEventQuery(e);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) DDP_CUDA_CHECK(rc);
+    if (idle()) return;
+    if (spin < 64)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 void CudaStream::poll_error() {
@@ -148,24 +353,29 @@ struct CudaDevice::TableState {
   char* dev = nullptr;  // kern::SegDesc[n] | void* grads[n] | void* flats[n] | size_t bytes[n]
   void* temp = nullptr;
   size_t temp_bytes = 0;
-  std::vector<char> host;
+  char* host = nullptr;            // pinned: the upload reads it when the stream gets there, not at the call
+  cudaEvent_t uploaded = nullptr;  // recorded after the latest upload: `host` is free again after it
+  bool pending = false;            // an upload was recorded and may not have run yet
+  std::shared_ptr<std::atomic<bool>> abandoned;  // the device's streams wrote work off: keep the memory
 
-  void reserve(size_t count, cudaStream_t stream);
-  void upload(const SegmentTable& table, const void* flat_buf, size_t elem, cudaStream_t stream);
+  void reserve(size_t count, CudaStream& s);
+  void upload(const SegmentTable& table, const void* flat_buf, size_t elem, CudaStream& s);
   kern::SegDesc* segs() const { return reinterpret_cast<kern::SegDesc*>(dev); }
   void** grads() const { return reinterpret_cast<void**>(dev + n * sizeof(kern::SegDesc)); }
   void** flats() const { return grads() + n; }
   size_t* bytes() const { return reinterpret_cast<size_t*>(flats() + n); }
   size_t size() const { return n * (sizeof(kern::SegDesc) + 2 * sizeof(void*) + sizeof(size_t)); }
 
+  // cudaFree waits for the kernels queued before that may still read the table. After a stream wrote
+  // work off, a kernel may never finish (a borrowed communicator libddp cannot abort): the table's
+  // memory is then kept rather than waited for.
   ~TableState() {
-    int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != device) cudaSetDevice(device);
-    cudaDeviceSynchronize();  // a kernel queued before may still read the table
+    if (abandoned && abandoned->load()) return;
+    DeviceGuard g(device, true);
     cudaFree(dev);
     cudaFree(temp);
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+    cudaFreeHost(host);
+    if (uploaded) cudaEventDestroy(uploaded);
   }
 };
 
@@ -210,8 +420,12 @@ void CudaDevice::check_pointers(const SegmentTable& table) const {
 }
 
 // Device storage for a table of `n` segments, and CUB's temporary storage sized by its query.
-void CudaDevice::TableState::reserve(size_t count, cudaStream_t stream) {
+void CudaDevice::TableState::reserve(size_t count, CudaStream& s) {
   if (n == count && dev) return;
+  if (pending) s.wait_event(uploaded);  // the old host image is still to be read
+  pending = false;
+  cudaFreeHost(host);
+  host = nullptr;
   cudaFree(dev);
   dev = nullptr;
   cudaFree(temp);
@@ -219,16 +433,19 @@ void CudaDevice::TableState::reserve(size_t count, cudaStream_t stream) {
   n = count;
   DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), size()));
   size_t need = 0;
-  DDP_CUDA_CHECK(kern::batched_copy(nullptr, &need, grads(), flats(), bytes(), static_cast<int>(n), stream));
+  DDP_CUDA_CHECK(kern::batched_copy(nullptr, &need, grads(), flats(), bytes(), static_cast<int>(n), s.stream()));
   temp_bytes = need ? need : 1;
   DDP_CUDA_CHECK(cudaMalloc(&temp, temp_bytes));
-  host.assign(size(), 0);
+  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), size()));
+  if (!uploaded) DDP_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
 }
 
 // Fills the host image of the table (kernel descriptors, CUB's arrays) and uploads it on `stream`.
-void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_buf, size_t elem, cudaStream_t stream) {
-  kern::SegDesc* hs = reinterpret_cast<kern::SegDesc*>(host.data());
-  void** hg = reinterpret_cast<void**>(host.data() + n * sizeof(kern::SegDesc));
+void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_buf, size_t elem, CudaStream& s) {
+  if (pending) s.wait_event(uploaded);  // the previous upload must have read the image we rewrite
+  pending = false;
+  kern::SegDesc* hs = reinterpret_cast<kern::SegDesc*>(host);
+  void** hg = reinterpret_cast<void**>(host + n * sizeof(kern::SegDesc));
   void** hf = hg + n;
   size_t* hb = reinterpret_cast<size_t*>(hf + n);
   uint64_t blocks = 0;
@@ -243,8 +460,11 @@ void CudaDevice::TableState::upload(const SegmentTable& table, const void* flat_
     hb[i] = seg.numel * elem;
   }
   if (blocks > 0x7fffffffull) fail(DDP_ERR_UNSUPPORTED, "a bucket of %zu grads is too large for one kernel launch", n);
-  // Pageable source: the copy returns once the bytes are staged, so `host` may be rewritten after.
-  DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), size(), cudaMemcpyHostToDevice, stream));
+  // Pinned source: a true asynchronous copy, read in stream order (a pageable one would be staged
+  // synchronously by the runtime).
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host, size(), cudaMemcpyHostToDevice, s.stream()));
+  DDP_CUDA_CHECK(cudaEventRecord(uploaded, s.stream()));
+  pending = true;
   version = table.version;
   flat = flat_buf;
   flat_elem = elem;
@@ -258,13 +478,14 @@ CudaDevice::TableState& CudaDevice::prepare(SegmentTable& table, const void* fla
   if (!st) {
     std::shared_ptr<TableState> fresh = std::make_shared<TableState>();
     fresh->device = device_;
+    fresh->abandoned = s.abandoned();
     table.device_state = fresh;
     st = fresh.get();
   }
   if (st->valid && st->version == table.version && st->flat == flat && st->flat_elem == flat_elem) return *st;
   check_pointers(table);
-  st->reserve(table.segs.size(), s.stream());
-  st->upload(table, flat, flat_elem, s.stream());
+  st->reserve(table.segs.size(), s);
+  st->upload(table, flat, flat_elem, s);
   ++uploads_;
   return *st;
 }
@@ -277,18 +498,30 @@ CudaDevice::CudaDevice(int device) : device_(device) {
   require_cuda_device(device_);
   DeviceGuard g(device_);
   DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(unsigned)));
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&setup_, cudaStreamNonBlocking));
 }
 
 CudaDevice::~CudaDevice() {
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != device_) cudaSetDevice(device_);
-  cudaFree(dev_flags_);
-  cudaFreeHost(host_flag_);
-  cudaFree(dev_partials_);
-  cudaFreeHost(host_partials_);
+  DeviceGuard g(device_, true);
+  if (!abandoned()) {  // else a kernel that never finishes may still write them: kept
+    cudaFree(dev_flags_);
+    cudaFreeHost(host_flag_);
+    cudaFree(dev_partials_);
+    cudaFreeHost(host_partials_);
+  }
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
-  if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+  if (setup_) cudaStreamDestroy(setup_);
+}
+
+bool CudaDevice::abandoned() const {
+  for (const auto& a : abandoned_)
+    if (a->load()) return true;
+  return false;
+}
+
+void CudaDevice::zero_new(void* p, size_t bytes) {
+  DDP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, setup_));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(setup_));  // only this memset is queued there: no deadline needed
 }
 
 void* CudaDevice::alloc(size_t bytes) {
@@ -300,24 +533,25 @@ void* CudaDevice::alloc(size_t bytes) {
     fail(DDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes on CUDA device %d", bytes, device_);
   }
   DDP_CUDA_CHECK(rc);
-  rc = cudaMemset(p, 0, bytes ? bytes : 1);
-  if (rc != cudaSuccess) {
+  try {
+    zero_new(p, bytes ? bytes : 1);
+  } catch (...) {
     cudaFree(p);
-    DDP_CUDA_CHECK(rc);
+    throw;
   }
   return p;
 }
 
 void CudaDevice::free(void* p) {
   if (!p) return;
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != device_) cudaSetDevice(device_);
+  // After a stream wrote work off, a kernel that never finishes may still write the buffer, and the
+  // wait below would last forever (a borrowed communicator is never aborted by libddp): kept.
+  if (abandoned()) return;
+  DeviceGuard g(device_, true);
   // Work queued on any stream may still use the buffer: wait for it (frees happen only when a plan is
   // adopted or a context is destroyed). Failures cannot be reported from here.
   cudaDeviceSynchronize();
   cudaFree(p);
-  if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
@@ -331,12 +565,15 @@ void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
 }
 
 std::unique_ptr<Stream> CudaDevice::make_stream(int index) {
-  return std::unique_ptr<Stream>(new CudaStream(device_, index));
+  std::unique_ptr<CudaStream> s(new CudaStream(device_, index));
+  abandoned_.push_back(s->abandoned());
+  return std::unique_ptr<Stream>(s.release());
 }
 
 void CudaDevice::stream_wait_user(Stream& s, void* user_stream) {
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
+  refuse_capture(user_stream, "ddp_grad_ready");
   DDP_CUDA_CHECK(cudaEventRecord(c.in_event(), static_cast<cudaStream_t>(user_stream)));
   DDP_CUDA_CHECK(cudaStreamWaitEvent(c.stream(), c.in_event(), 0));
 }
@@ -344,6 +581,7 @@ void CudaDevice::stream_wait_user(Stream& s, void* user_stream) {
 void CudaDevice::user_wait_stream(void* user_stream, Stream& s) {
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
+  refuse_capture(user_stream, "ddp_finish_backward");
   DDP_CUDA_CHECK(cudaEventRecord(c.out_event(), c.stream()));
   DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(user_stream), c.out_event(), 0));
 }
@@ -423,7 +661,12 @@ void CudaDevice::reserve_flags(size_t slots) {
   DeviceGuard g(device_);
   unsigned* fresh = nullptr;
   DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&fresh), slots * sizeof(unsigned)));
-  DDP_CUDA_CHECK(cudaMemset(fresh, 0, slots * sizeof(unsigned)));
+  try {
+    zero_new(fresh, slots * sizeof(unsigned));
+  } catch (...) {
+    cudaFree(fresh);
+    throw;
+  }
   cudaFree(dev_flags_);
   dev_flags_ = fresh;
   nflags_ = slots;

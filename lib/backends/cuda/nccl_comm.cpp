@@ -8,9 +8,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
-#include <string>
+#include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "kernels/elementwise.h"
@@ -115,30 +117,63 @@ ncclDataType_t nccl_type(Dtype d) {
   return ncclFloat32;
 }
 
-class NcclComm final : public Comm, public AsyncErrorSource {
+class NcclComm;
+
+// The communicators split from one parent (a context's control, broadcast and stream communicators
+// share one). NCCL's abort of one communicator waits for the device's kernels, and a sibling's kernel
+// spinning on a dead peer stops only when that sibling is aborted: so all of them are aborted at
+// once, each on its own thread, never one after another.
+struct Family {
+  std::mutex mu;
+  std::vector<NcclComm*> members;
+  std::atomic<bool> late{false};  // a member's collective passed its deadline: all were aborted
+  void join(NcclComm* c) {
+    std::lock_guard<std::mutex> lock(mu);
+    members.push_back(c);
+  }
+  void leave(NcclComm* c) {
+    std::lock_guard<std::mutex> lock(mu);
+    members.erase(std::remove(members.begin(), members.end(), c), members.end());
+  }
+  void abort_all();
+};
+
+class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
  public:
   // `mpi` (may be null) is the MPI communicator the NCCL one was made over; `timeout_ms` bounds
-  // the creation of duplicates.
-  NcclComm(ncclComm_t c, int device, bool owned, std::unique_ptr<Comm> mpi = nullptr, int64_t timeout_ms = 0)
-      : comm_(c), device_(device), owned_(owned), mpi_(std::move(mpi)), timeout_ms_(timeout_ms) {
+  // the creation of duplicates. `family` (null for a parent) are the siblings it is aborted with.
+  NcclComm(ncclComm_t c, int device, bool owned, std::unique_ptr<Comm> mpi = nullptr, int64_t timeout_ms = 0,
+           std::shared_ptr<Family> family = nullptr)
+      : comm_(c),
+        device_(device),
+        owned_(owned),
+        mpi_(std::move(mpi)),
+        timeout_ms_(timeout_ms),
+        family_(std::move(family)) {
     DDP_NCCL_CHECK(ncclCommUserRank(comm_, &rank_), comm_);
     DDP_NCCL_CHECK(ncclCommCount(comm_, &size_), comm_);
+    if (family_) family_->join(this);
+    member_ = family_ != nullptr;
+    watchdog_register(this);
   }
   ~NcclComm() override {
-    int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != device_) cudaSetDevice(device_);
-    if (comm_ && !stalled_)
+    watchdog_unregister(this);
+    if (family_) family_->leave(this);
+    DeviceGuard g(device_, true);
+    if (!aborted_)
       for (auto& op : ops_) api().op_destroy(op.op, comm_);
-    if (comm_ && owned_) {
-      if (stalled_ || !finalize())
+    if (!aborted_ && owned_) {
+      if (!finalize())
         ncclCommAbort(comm_);  // a stuck collective would make ncclCommDestroy wait forever
       else
         ncclCommDestroy(comm_);
     }
+    for (cudaEvent_t e : bcast_events_) cudaEventDestroy(e);
     if (ctrl_stream_) cudaStreamDestroy(ctrl_stream_);
-    cudaFree(ctrl_buf_);
-    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+    if (!stalled_) {  // else a kernel that never finishes may still write them: kept
+      cudaFree(ctrl_buf_);
+      cudaFreeHost(ctrl_host_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -152,8 +187,12 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     const Deadline dl = Deadline::after_ms(timeout_ms_);
     ncclComm_t c = nullptr;
     if (api().comm_split) {
-      // The new communicator inherits this one's configuration (nonblocking or not) and is polled.
-      ncclResult_t rc = api().comm_split(comm_, 0, rank_, &c, nullptr);
+      // splitShare: the new communicator shares this one's buffers and proxy instead of allocating
+      // its own (a context holds 2 + num_streams of them). Nonblocking, as every call is polled.
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.splitShare = 1;
+      if (api().init_config) config.blocking = 0;
+      ncclResult_t rc = api().comm_split(comm_, 0, rank_, &c, &config);
       if (rc == ncclInProgress && !c) rc = settle(rc, comm_, dl);
       try {
         DDP_NCCL_RUN(rc, c, dl);
@@ -169,7 +208,8 @@ class NcclComm final : public Comm, public AsyncErrorSource {
       broadcast_host(&id, sizeof id, 0, dl);
       c = init_rank(id, size_, rank_, timeout_ms_);
     }
-    return std::unique_ptr<Comm>(new NcclComm(c, device_, true, std::move(mpi), timeout_ms_));
+    if (!family_) family_ = std::make_shared<Family>();  // the parent is not a member: its owner aborts it
+    return std::unique_ptr<Comm>(new NcclComm(c, device_, true, std::move(mpi), timeout_ms_, family_));
   }
 
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new CudaDevice(device_)); }
@@ -188,6 +228,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) override {
     cudaStream_t cs = collective_stream(s, d);
     DeviceGuard g(device_);
+    std::unique_lock<std::mutex> lock = hold();
     DDP_NCCL_RUN(ncclAllReduce(send, recv, n, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
     wire_bytes()->allreduce(n * dtype_size(d), size_);  // NCCL's algorithm is its own: the ring's formula
@@ -198,6 +239,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream& s, Deadline dl) override {
     cudaStream_t cs = collective_stream(s, d);
     DeviceGuard g(device_);
+    std::unique_lock<std::mutex> lock = hold();
     void* mine = static_cast<char*>(buf) + static_cast<size_t>(rank_) * m * dtype_size(d);
     DDP_NCCL_RUN(ncclReduceScatter(buf, mine, m, nccl_type(d), op_for(red, d), comm_, cs), comm_, dl);
     in_group(dl);
@@ -208,6 +250,7 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void allgather(void* buf, size_t bytes, Stream& s, Deadline dl) override {
     cudaStream_t cs = collective_stream(s, Dtype::F32);
     DeviceGuard g(device_);
+    std::unique_lock<std::mutex> lock = hold();
     const void* mine = static_cast<const char*>(buf) + static_cast<size_t>(rank_) * bytes;
     DDP_NCCL_RUN(ncclAllGather(mine, buf, bytes, ncclUint8, comm_, cs), comm_, dl);
     in_group(dl);
@@ -220,9 +263,11 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     if (root < 0 || root >= size_)
       fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     DeviceGuard g(device_);
-    DDP_NCCL_RUN(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(user_stream)), comm_,
-                 dl);
+    cudaStream_t us = static_cast<cudaStream_t>(user_stream);
+    std::unique_lock<std::mutex> lock = hold();
+    DDP_NCCL_RUN(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, us), comm_, dl);
     wire_bytes()->broadcast(bytes, size_, rank_, root);
+    watch_broadcast(us, dl);
   }
 
   bool can_group() const override { return true; }
@@ -251,12 +296,18 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     live();
     DeviceGuard g(device_);
-    char* d = ctrl_buffer(bytes * (static_cast<size_t>(size_) + 1));
-    DDP_CUDA_CHECK(cudaMemcpyAsync(d, in, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
-    DDP_NCCL_RUN(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, ctrl_stream_), comm_, dl);
+    const size_t total = bytes * (static_cast<size_t>(size_) + 1);
+    char* d = ctrl_buffer(total);
+    std::memcpy(ctrl_host_, in, bytes);
+    DDP_CUDA_CHECK(cudaMemcpyAsync(d, ctrl_host_, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
+    {
+      std::unique_lock<std::mutex> lock = hold();
+      DDP_NCCL_RUN(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, ctrl_stream_), comm_, dl);
+    }
+    DDP_CUDA_CHECK(cudaMemcpyAsync(ctrl_host_ + bytes, d + bytes, total - bytes, cudaMemcpyDeviceToHost, ctrl_stream_));
     wait_ctrl(dl, "NCCL allgather (control path)");
     wire_bytes()->allgather(bytes, size_);
-    DDP_CUDA_CHECK(cudaMemcpy(out, d + bytes, bytes * static_cast<size_t>(size_), cudaMemcpyDeviceToHost));
+    std::memcpy(out, ctrl_host_ + bytes, total - bytes);
   }
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
@@ -266,40 +317,80 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     if (bytes == 0) return;
     DeviceGuard g(device_);
     char* d = ctrl_buffer(bytes);
-    if (rank_ == root) DDP_CUDA_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
-    DDP_NCCL_RUN(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, ctrl_stream_), comm_, dl);
+    if (rank_ == root) {
+      std::memcpy(ctrl_host_, buf, bytes);
+      DDP_CUDA_CHECK(cudaMemcpyAsync(d, ctrl_host_, bytes, cudaMemcpyHostToDevice, ctrl_stream_));
+    }
+    {
+      std::unique_lock<std::mutex> lock = hold();
+      DDP_NCCL_RUN(ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, ctrl_stream_), comm_, dl);
+    }
+    DDP_CUDA_CHECK(cudaMemcpyAsync(ctrl_host_, d, bytes, cudaMemcpyDeviceToHost, ctrl_stream_));
     wait_ctrl(dl, "NCCL broadcast (control path)");
     wire_bytes()->broadcast(bytes, size_, rank_, root);
-    DDP_CUDA_CHECK(cudaMemcpy(buf, d, bytes, cudaMemcpyDeviceToHost));
+    std::memcpy(buf, ctrl_host_, bytes);
   }
 
   void abort() override {
-    if (!comm_ || aborted_) return;
+    if (member_)
+      family_->abort_all();
+    else
+      abort_one();
+  }
+
+  // ncclCommAbort of this communicator alone (the family aborts its members each on a thread).
+  void abort_one() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
     aborted_ = true;
     stalled_ = true;  // nothing may wait on this communicator any more
     if (owned_) {
-      DeviceGuard g(device_);
+      DeviceGuard g(device_, true);
       ncclCommAbort(comm_);
-      comm_ = nullptr;
     }
   }
 
   void check_async() override {
-    if (!comm_) return;
-    ncclResult_t async = ncclSuccess;
-    DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), comm_);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      std::string text = format("NCCL reported an asynchronous error: %s%s%s", ncclGetErrorString(async),
-                                nccl_last_error(comm_)[0] ? ": " : "", nccl_last_error(comm_));
-      mark_stalled();  // NCCL's rule: a communicator with an asynchronous error is aborted
-      throw Error(DDP_ERR_NCCL, text);
+    std::string text;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return;
+      ncclResult_t async = ncclSuccess;
+      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), comm_);
+      if (async == ncclSuccess || async == ncclInProgress) return;
+      text = format("NCCL reported an asynchronous error (rank %d of %d): %s%s%s", rank_, size_,
+                    ncclGetErrorString(async), nccl_last_error(comm_)[0] ? ": " : "", nccl_last_error(comm_));
     }
+    stalled_ = true;
+    abort();  // NCCL's rule: a communicator with an asynchronous error is aborted
+    throw Error(DDP_ERR_NCCL, text);
   }
   // A collective of this communicator is stuck: abort now, so that nothing (a later cudaFree, the
   // context's teardown) waits on its kernels forever.
   void mark_stalled() override {
     stalled_ = true;
+    late_ = true;
+    if (member_) family_->late = true;
     abort();
+  }
+  std::string who() const override { return format("rank %d of %d", rank_, size_); }
+
+  // The watchdog's check of ddp_broadcast (enqueued on the user's stream, which no libddp call
+  // polls): past its deadline, the communicators are aborted and the next broadcast says why.
+  void scan() override {
+    bool late = false;
+    {
+      std::unique_lock<std::mutex> lock(bcast_mu_, std::try_to_lock);
+      if (!lock.owns_lock() || bcast_pending_.empty()) return;
+      DeviceGuard g(device_, true);
+      while (!bcast_pending_.empty() && cudaEventQuery(bcast_pending_.front().first) == cudaSuccess) {
+        bcast_events_.push_back(bcast_pending_.front().first);
+        bcast_pending_.pop_front();
+      }
+      late = !bcast_pending_.empty() && bcast_pending_.front().second.passed();
+      if (late) bcast_late_ = true, bcast_pending_.clear();
+    }
+    if (late) mark_stalled();
   }
 
  private:
@@ -332,7 +423,41 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   }
 
   void live() const {
+    if (late_ || (member_ && family_->late))
+      fail(DDP_ERR_TIMEOUT,
+           "rank %d of %d: a collective did not complete before the timeout (another rank stalled, died or issued a "
+           "different collective): the context's NCCL communicators were aborted",
+           rank_, size_);
+    if (bcast_late_)
+      fail(DDP_ERR_TIMEOUT,
+           "rank %d of %d: an earlier ddp_broadcast did not complete before the timeout (another rank stalled, died or "
+           "issued a different collective): the communicators were aborted",
+           rank_, size_);
     if (aborted_ || !comm_) fail(DDP_ERR_ABORTED, "the NCCL communicator was aborted after an earlier error");
+  }
+
+  // The lock every NCCL call on comm_ holds, taken only while the communicator is alive.
+  std::unique_lock<std::mutex> hold() {
+    std::unique_lock<std::mutex> lock(mu_);
+    live();
+    return lock;
+  }
+
+  // A broadcast on the user's stream: an event after it, checked by the watchdog against `dl`.
+  void watch_broadcast(cudaStream_t us, Deadline dl) {
+    if (dl.infinite()) return;
+    std::lock_guard<std::mutex> lock(bcast_mu_);
+    cudaEvent_t e = nullptr;
+    if (!bcast_events_.empty()) {
+      e = bcast_events_.back();
+      bcast_events_.pop_back();
+    } else {
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    const cudaError_t rc = cudaEventRecord(e, us);
+    if (rc != cudaSuccess) bcast_events_.push_back(e);
+    DDP_CUDA_CHECK(rc);
+    bcast_pending_.emplace_back(e, dl);
   }
 
   // The reduction for `red` on `d`: premultiplied sums are made once per (dtype, factor) and kept.
@@ -359,13 +484,19 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     return op;
   }
 
+  // Device memory and its pinned host twin: results come back on the control stream, whose own
+  // wait keeps the deadline (a blocking copy on the legacy stream would wait for the user's
+  // blocking streams too, with no deadline).
   char* ctrl_buffer(size_t bytes) {
     if (!ctrl_stream_) DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctrl_stream_, cudaStreamNonBlocking));
     if (bytes > ctrl_bytes_) {
-      cudaFree(ctrl_buf_);
+      cudaFree(ctrl_buf_);  // the previous control call was waited for: nothing uses them
+      cudaFreeHost(ctrl_host_);
       ctrl_buf_ = nullptr;
+      ctrl_host_ = nullptr;
       ctrl_bytes_ = 0;
       DDP_CUDA_CHECK(cudaMalloc(&ctrl_buf_, bytes));
+      DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ctrl_host_), bytes));
       ctrl_bytes_ = bytes;
     }
     return static_cast<char*>(ctrl_buf_);
@@ -374,9 +505,14 @@ class NcclComm final : public Comm, public AsyncErrorSource {
   void wait_ctrl(Deadline dl, const char* what) {
     for (unsigned spin = 0;; ++spin) {
       cudaError_t rc = cudaStreamQuery(ctrl_stream_);
+      if (rc == cudaSuccess && aborted_) live();  // it ended because it was aborted: its bytes are not results
       if (rc == cudaSuccess) return;
       if (rc != cudaErrorNotReady) DDP_CUDA_CHECK(rc);
       check_async();
+      if (aborted_) {
+        live();  // a timeout elsewhere in the context says so
+        fail(DDP_ERR_ABORTED, "%s: the NCCL communicator was aborted while it ran", what);
+      }
       if (dl.passed()) {
         mark_stalled();
         fail(DDP_ERR_TIMEOUT,
@@ -402,18 +538,35 @@ class NcclComm final : public Comm, public AsyncErrorSource {
     ncclRedOp_t op;
   };
 
-  ncclComm_t comm_;
+  ncclComm_t comm_;  // never used once aborted_
   int device_;
   bool owned_;
   std::unique_ptr<Comm> mpi_;
   int64_t timeout_ms_;
+  std::shared_ptr<Family> family_;
+  bool member_ = false;  // split by libddp: aborted with its family
   int rank_ = 0, size_ = 1;
-  bool aborted_ = false, stalled_ = false;
+  // The watchdog thread aborts too: mu_ orders every NCCL call on comm_ with the abort.
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false}, stalled_{false}, late_{false};
   std::vector<PreMulOp> ops_;
   cudaStream_t ctrl_stream_ = nullptr;
   void* ctrl_buf_ = nullptr;
+  char* ctrl_host_ = nullptr;
   size_t ctrl_bytes_ = 0;
+  std::mutex bcast_mu_;  // guards the broadcasts the watchdog checks
+  std::deque<std::pair<cudaEvent_t, Deadline>> bcast_pending_;
+  std::vector<cudaEvent_t> bcast_events_;  // spare
+  std::atomic<bool> bcast_late_{false};
 };
+
+// Held throughout: a member cannot leave (be destroyed) while it is being aborted.
+void Family::abort_all() {
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<std::thread> threads;
+  for (NcclComm* c : members) threads.emplace_back([c] { c->abort_one(); });
+  for (std::thread& t : threads) t.join();
+}
 
 // A new communicator of `nranks`. With NCCL 2.14 or later it is made nonblocking and polled, so that
 // a rank that never joins costs `timeout_ms`, not the job: then it is aborted.

@@ -26,6 +26,15 @@ bool device_range(const void* p, size_t bytes, int* device = nullptr);
 void fault(int device, const char* what);
 // The current device of the calling thread.
 int current_device();
+// Whether a CUDA context is current on the calling thread: false on a thread that never set a device
+// nor used the runtime (the first runtime call that needs one makes device 0's primary context
+// current, as the real runtime does), and after cuCtxSetCurrent(NULL).
+bool thread_has_context();
+// Makes cudaStreamIsCapturing report `stream` as being captured (true) or not, for tests.
+void set_capturing(cudaStream_t stream, bool capturing);
+// How many ncclCommSplit calls were made, and how many of them shared their parent's resources
+// (ncclConfig_t.splitShare = 1), since the process started.
+void nccl_split_counts(int* splits, int* shared);
 
 // Makes ncclCommGetAsyncError report `error` for `comm` from now on (tests of the error path).
 void nccl_inject_async_error(ncclComm_t comm, ncclResult_t error);
