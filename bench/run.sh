@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: the seven benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# make bench: the eight benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
 # Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
 set -u
 bin=$1; out=$2
@@ -67,6 +67,10 @@ if [ -x "$trainer" ]; then
   done
   echo; echo "target: every wire's final loss within 1% of fp32's (see the last column)"
 fi
+# 8. The wires over an emulated network between two namespaces (root only; it says why it skips).
+step "8. network (bench/netns_wires.sh; alone: make bench-network)"
+if [ -x "$trainer" ]; then "$here/netns_wires.sh" "$trainer" "$out" || { echo "bench: netns_wires.sh failed"; fail=1; }
+else echo "network: skipped: no example trainer at $trainer"; fi
 echo
 echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $fail

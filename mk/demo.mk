@@ -3,7 +3,9 @@
 #   make demo                 the MLP trainer on DEMO_NP ranks: over MPI; without it, over Gloo; with
 #                             neither, as threads of one process (libddp's local group, nothing to install)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
-#   make bench                the seven benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
+#   make bench                the eight benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
+#   make bench-network        (root) the compressed wires over an emulated link between two network
+#                             namespaces, shaped to 1 and 10 Gbit/s (bench/netns_wires.sh); also make bench's last section
 # Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo, local or self), DEMO_ARGS (extra trainer options, e.g.
 # --layout copy --steps 50), DEMO_TIMELINE (the timeline's path, default $(BUILD)/demo/timeline.json).
 # The demo writes a timeline: DEMO_TIMELINE with .rank<N> before its extension, one Chrome trace per
@@ -101,3 +103,14 @@ else
 bench:
 	@echo "bench: needs MPI (mpicxx); this build has MPI=0"
 endif
+
+## More benchmarks
+##   bench-network   (root; about 7 minutes) the example trainer over Gloo between two network namespaces
+##                   joined by a veth pair shaped to 1 and 10 Gbit/s, every compressed wire: a table per
+##                   rate, raw numbers in $(BUILD)/bench/network.json (bench/netns_wires.sh; NET_RATES,
+##                   NET_STEPS, NET_RUNS in its environment); also the last section of make bench
+.PHONY: bench-network
+# (HAVE_GLOO is set by mk/gloo.mk, read after this file: tested when the recipe runs.)
+bench-network: $(DEMO_BIN)
+	$(Q)if [ "$(HAVE_GLOO)" = 1 ]; then bench/netns_wires.sh $(DEMO_BIN) $(BUILD)/bench; \
+	else echo "bench-network: needs the Gloo communicator (libgloo-dev); this build has GLOO=0"; fi
