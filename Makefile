@@ -204,8 +204,10 @@ $(BUILD)/obj/%.o: %.cpp $(FLAGS_STAMP)
 # cost model): -O3 vectorizes them for the baseline ISA, with the same results (no fast-math).
 # -ffp-contract=off, after any CXXFLAGS: GCC's default for C++ fuses a * b + c into an FMA on an FMA
 # target (-march=native, haswell, any aarch64), which would change the bits the GPU tests and the int8
-# wire's ranks rely on (kernels/elementwise.h rounds each product and sum on its own).
-$(BUILD)/obj/lib/host/host_kernels.o: CXXFLAGS_ALL += $(if $(filter 1,$(DEBUG)),,-O3) -ffp-contract=off
+# wire's ranks rely on (kernels/elementwise.h rounds each product and sum on its own). host_simd.o
+# holds the AVX2 versions of the same loops, which must give the same bits.
+$(BUILD)/obj/lib/host/host_kernels.o $(BUILD)/obj/lib/host/host_simd.o: CXXFLAGS_ALL += \
+  $(if $(filter 1,$(DEBUG)),,-O3) -ffp-contract=off
 
 $(SHARED): $(LIB_OBJS) lib/libddp.map
 	@echo "$(BUILD_SUMMARY)"

@@ -31,6 +31,10 @@ std::string job_id();
 // DDP_INIT_PROGRESS_MS: while ranks are missing at start-up, a progress line this often (0 .. 2^62 ms,
 // 0 none; default 5000).
 int64_t init_progress_ms();
+// DDP_HOST_SIMD: 0 keeps the host element loops on their portable code even where the CPU has the
+// AVX2 / F16C versions (which give the same bits); 1, the default, lets the CPU decide. Read when
+// host/host_kernels.cpp makes its choice.
+bool host_simd();
 // DDP_DEBUG (read by core/log.cpp, which knows its words), DDP_TIMELINE, GLOO_SOCKET_IFNAME: text, or
 // "" when unset.
 std::string text(const char* name);

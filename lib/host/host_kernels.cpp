@@ -3,15 +3,59 @@
 #include "host/host_kernels.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 
+#include "core/knobs.hpp"
+#include "host/host_simd.hpp"
 #include "kernels/elementwise.h"
 #include "kernels/kernel_bodies.h"
 
 namespace ddp {
 
 namespace host {
+
+// -1 until the first call decides: the CPU check and the knob are read once, not per bucket.
+static std::atomic<int> g_simd{-1};
+
+bool simd_path() {
+  int on = g_simd.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = knobs::host_simd() && simd::supported() ? 1 : 0;
+    g_simd.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+void choose_simd_path_again() { g_simd.store(-1, std::memory_order_relaxed); }
+
+template <class A, class B>
+constexpr bool same() {
+  return std::is_same<A, B>::value;
+}
+
+// The f32 <-> fp16 / bf16 casts on the SIMD path, when it is taken (true); false leaves the element
+// to the portable loop. The scale is applied in float, as elem::scaled_cast does for these pairs.
+template <class S, class D>
+static bool simd_cast(const void* src, void* dst, size_t n, double scale) {
+  constexpr bool from32 = same<S, elem::F32>(), to32 = same<D, elem::F32>();
+  constexpr bool half = same<S, elem::F16>() || same<D, elem::F16>();
+  constexpr bool brain = same<S, elem::BF16>() || same<D, elem::BF16>();
+  if constexpr ((from32 || to32) && (half || brain)) {
+    if (!simd_path()) return false;
+    const float f = static_cast<float>(scale);
+    const bool unit = scale == 1.0;
+    const float* f32 = static_cast<const float*>(from32 ? src : nullptr);
+    const uint16_t* h = static_cast<const uint16_t*>(from32 ? nullptr : src);
+    if (from32)
+      (half ? simd::f32_to_f16 : simd::f32_to_bf16)(f32, static_cast<uint16_t*>(dst), n, f, unit);
+    else
+      (half ? simd::f16_to_f32 : simd::bf16_to_f32)(h, static_cast<float*>(dst), n, f, unit);
+    return true;
+  }
+  return false;
+}
 
 template <class S, class D>
 static void convert_typed(const void* src, void* dst, size_t n, double scale) {
@@ -32,6 +76,7 @@ static void convert_typed(const void* src, void* dst, size_t n, double scale) {
     for (size_t i = 0; i < n; ++i) out[i] = in[i] * s;
     return;
   }
+  if (simd_cast<S, D>(src, dst, n, scale)) return;
   const typename S::storage* in = static_cast<const typename S::storage*>(src);
   typename D::storage* out = static_cast<typename D::storage*>(dst);
   const bool unit = scale == 1.0;
@@ -67,6 +112,11 @@ static void sum_scaled_typed(const void* a, const void* b, void* out, size_t n, 
   typedef typename T::storage S;
   const typename T::math f = static_cast<typename T::math>(scale);
   const bool unit = scale == 1.0;
+  if constexpr (same<T, elem::F16>() || same<T, elem::BF16>()) {
+    if (simd_path())
+      return (same<T, elem::F16>() ? simd::sum_f16 : simd::sum_bf16)(
+          static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), static_cast<uint16_t*>(out), n, f, unit);
+  }
   const S* __restrict y = static_cast<const S*>(b);
   S* o = static_cast<S*>(out);
   // Separate loops for the in-place case and for each scale so that each one vectorizes.
@@ -104,6 +154,8 @@ static void int8_quantize_typed(const void* x, size_t n, float* residual, void* 
 void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk) {
   if (d == Dtype::F64)
     int8_quantize_typed<elem::F64>(x, n, residual, chunk);
+  else if (d == Dtype::F32 && simd_path())
+    simd::int8_quantize_f32(static_cast<const float*>(x), residual, n, static_cast<char*>(chunk));
   else if (d == Dtype::F32)
     int8_quantize_typed<elem::F32>(x, n, residual, chunk);
   else
@@ -136,6 +188,8 @@ static void int8_dequant_sum_typed(const void* chunks, size_t chunk_bytes, int w
 void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out) {
   if (d == Dtype::F64)
     int8_dequant_sum_typed<elem::F64>(chunks, chunk_bytes, world, n, out);
+  else if (d == Dtype::F32 && simd_path())
+    simd::int8_dequant_sum_f32(static_cast<const char*>(chunks), chunk_bytes, world, n, static_cast<float*>(out));
   else if (d == Dtype::F32)
     int8_dequant_sum_typed<elem::F32>(chunks, chunk_bytes, world, n, out);
   else

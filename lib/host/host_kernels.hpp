@@ -23,5 +23,13 @@ void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t 
 // Whether any of the n elements is an infinity or a NaN.
 bool has_nonfinite(const void* buf, size_t n, Dtype d);
 
+// Whether the loops above take their AVX2 / F16C versions (host/host_simd.hpp) for f32 <-> fp16 and
+// bf16 casts, the 16-bit sums and the int8 wire's f32 blocks: the CPU has both extensions and
+// DDP_HOST_SIMD is not 0. Chosen at the first call and kept; both paths give the same bits.
+bool simd_path();
+// Forgets that choice, so that the next call reads DDP_HOST_SIMD and the CPU again: for tests that
+// compare both paths in one process.
+void choose_simd_path_again();
+
 }  // namespace host
 }  // namespace ddp
