@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench-network (and make bench's last section): the compressed wires over an emulated network.
+# make bench-network (and make bench's section 8): the compressed wires over an emulated network.
 # Two emulated hosts: network namespaces ddp-net-h0 and ddp-net-h1, joined by a veth pair (ddpnet0 in
 # h0 at 10.231.0.1/24, ddpnet1 in h1 at 10.231.0.2/24: addresses that exist only inside these two
 # namespaces), both ends shaped with tc's token bucket filter to each rate of NET_RATES. For every

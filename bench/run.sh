@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: the eight benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# make bench: the nine benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
 # Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
 set -u
 bin=$1; out=$2
@@ -71,6 +71,10 @@ fi
 step "8. network (bench/netns_wires.sh; alone: make bench-network)"
 if [ -x "$trainer" ]; then "$here/netns_wires.sh" "$trainer" "$out" || { echo "bench: netns_wires.sh failed"; fail=1; }
 else echo "network: skipped: no example trainer at $trainer"; fi
+# 9. The compressed wires' host loops, pass by pass, against memcpy (one process).
+step "9. host conversions"
+if [ -x "$(dirname "$bin")/host_loops" ]; then timeout 300 "$(dirname "$bin")/host_loops" "$out" || { echo "bench: host_loops failed"; fail=1; }
+else echo "host conversions: skipped: no $(dirname "$bin")/host_loops"; fi
 echo
 echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $fail

@@ -3,9 +3,9 @@
 #   make demo                 the MLP trainer on DEMO_NP ranks: over MPI; without it, over Gloo; with
 #                             neither, as threads of one process (libddp's local group, nothing to install)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
-#   make bench                the eight benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
+#   make bench                the nine benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
 #   make bench-network        (root) the compressed wires over an emulated link between two network
-#                             namespaces, shaped to 1 and 10 Gbit/s (bench/netns_wires.sh); also make bench's last section
+#                             namespaces, shaped to 1 and 10 Gbit/s (bench/netns_wires.sh); also make bench's section 8
 # Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo, local or self), DEMO_ARGS (extra trainer options, e.g.
 # --layout copy --steps 50), DEMO_TIMELINE (the timeline's path, default $(BUILD)/demo/timeline.json).
 # The demo writes a timeline: DEMO_TIMELINE with .rank<N> before its extension, one Chrome trace per
@@ -96,8 +96,16 @@ $(BENCH_BIN): bench/ddp_bench.cpp bench/grad_sizes.hpp include/ddp.h $(BUILD)/li
 	$(Q)$(CXX) -std=c++17 -O2 -g $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \
 	  -Wl,-rpath,$(abspath $(BUILD)/lib) $(MPI_LIBS)
 
+# Section 9 times the host loops themselves, which the shared library does not export: linked with
+# the static library, as the unit tests are (no MPI needed).
+HOST_BENCH_BIN := $(BUILD)/bench/host_loops
+$(HOST_BENCH_BIN): bench/host_loops.cpp $(BUILD)/lib/libddp.a
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(CXXFLAGS_ALL) $< -o $@ $(BUILD)/lib/libddp.a $(LDFLAGS_ALL) $(LIB_LDLIBS)
+
 ifeq ($(HAVE_MPI),1)
-bench: $(BENCH_BIN) $(DEMO_BIN)
+bench: $(BENCH_BIN) $(DEMO_BIN) $(HOST_BENCH_BIN)
 	$(Q)MPIRUN="$(RUN_NP)" bench/run.sh $(BENCH_BIN) $(BUILD)/bench
 else
 bench:
@@ -108,7 +116,7 @@ endif
 ##   bench-network   (root; about 7 minutes) the example trainer over Gloo between two network namespaces
 ##                   joined by a veth pair shaped to 1 and 10 Gbit/s, every compressed wire: a table per
 ##                   rate, raw numbers in $(BUILD)/bench/network.json (bench/netns_wires.sh; NET_RATES,
-##                   NET_STEPS, NET_RUNS in its environment); also the last section of make bench
+##                   NET_STEPS, NET_RUNS in its environment); also section 8 of make bench
 .PHONY: bench-network
 # (HAVE_GLOO is set by mk/gloo.mk, read after this file: tested when the recipe runs.)
 bench-network: $(DEMO_BIN)
