@@ -594,11 +594,12 @@ void Reducer::finish(void* user_stream, Deadline dl) {
 }
 
 // Where stream `si` stands: its first launched bucket that has not finished (a task that timed out
-// in the stream's drain names no bucket itself).
+// in the stream's drain names no bucket itself). GPU streams know; their buckets' `done` flags are
+// never set (the stream counts them when they complete), so only host streams read those.
 std::string Reducer::stuck(int si) const {
-  const int gpu = env_.streams[static_cast<size_t>(si)]->oldest_unfinished();  // GPU streams know
+  const int gpu = env_.streams[static_cast<size_t>(si)]->oldest_unfinished();
   if (gpu >= 0 && gpu < next_) return where(gpu);
-  for (int b = 0; b < next_; ++b)
+  for (int b = 0; workers_ && b < next_; ++b)
     if (plan_.buckets[static_cast<size_t>(b)].stream == si && !rt_[static_cast<size_t>(b)]->done) return where(b);
   return format("iteration %llu, stream %d: ", static_cast<unsigned long long>(iteration_), si);
 }

@@ -33,6 +33,8 @@ struct Rig {
     DDP_OK(ddp_begin_backward(ddp, nullptr));  // one clean iteration first
     DDP_OK(ddp_grad_ready(ddp, index));
     DDP_OK(ddp_finish_backward(ddp, nullptr));
+    // Finished before a test injects a fault: ddp_finish_backward only enqueued the collective.
+    DDP_OK(ddp_synchronize(ddp));
   }
   ~Rig() {
     ddp_destroy(ddp);
@@ -43,10 +45,20 @@ struct Rig {
 
 bool has(const char* text, const char* needle) { return std::string(text).find(needle) != std::string::npos; }
 
+// Turns the injected faults off when a test ends, a failed REQUIRE included: a fault left on would
+// fail every later case.
+struct NoFaultsAfter {
+  ~NoFaultsAfter() {
+    gpusim::nccl_stall_collectives(false);
+    gpusim::nccl_fail_collectives(ncclSuccess);
+  }
+};
+
 }  // namespace
 
 GPU_TEST_CASE("gpusim faults: a collective that never completes times out, aborts, and destroy returns") {
   Rig rig(400);
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   DDP_OK(ddp_begin_backward(rig.ddp, nullptr));
   DDP_OK(ddp_grad_ready(rig.ddp, rig.index));
@@ -67,12 +79,14 @@ GPU_TEST_CASE("gpusim faults: a collective that never completes times out, abort
 
 GPU_TEST_CASE("gpusim faults: an asynchronous NCCL error surfaces at the next check and aborts the context") {
   Rig rig(60000);
+  NoFaultsAfter faults_off;
   gpusim::nccl_fail_collectives(ncclRemoteError);
   DDP_OK(ddp_begin_backward(rig.ddp, nullptr));
-  DDP_OK(ddp_grad_ready(rig.ddp, rig.index));
-  // ddp_finish_backward does not wait on the host for GPU streams: it reports the error if the
-  // collective has already failed, ddp_synchronize (which waits) reports it otherwise.
-  ddp_status_t st = ddp_finish_backward(rig.ddp, nullptr);
+  // Nothing waits on the host for GPU streams: the error surfaces at the first poll after the
+  // collective failed. That may be the poll of ddp_grad_ready's own enqueue (the communicators are
+  // nonblocking), ddp_finish_backward's, or ddp_synchronize, which waits.
+  ddp_status_t st = ddp_grad_ready(rig.ddp, rig.index);
+  if (st == DDP_SUCCESS) st = ddp_finish_backward(rig.ddp, nullptr);
   if (st == DDP_SUCCESS) st = ddp_synchronize(rig.ddp);
   gpusim::nccl_fail_collectives(ncclSuccess);
   CHECK(st == DDP_ERR_NCCL);
@@ -193,6 +207,7 @@ GPU_TEST_CASE("gpusim ordering: the control path does not wait for the caller's 
 
 GPU_TEST_CASE("gpusim stalls: a later collective on the stream does not hide an earlier stuck one") {
   Ctx c(2, 1, DDP_LAYOUT_COPY, 400);
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   const auto t0 = std::chrono::steady_clock::now();
   DDP_OK(ddp_begin_backward(c.ddp, nullptr));
@@ -208,13 +223,14 @@ GPU_TEST_CASE("gpusim stalls: a later collective on the stream does not hide an 
   CHECK(ms_since(t0) < 1500);
 }
 
-// Unfinished: names bucket 0 (completed before the stall) instead of bucket 1; skipped until fixed.
-TEST_CASE("gpusim stalls: the bucket named by a timeout is the one whose collective did not complete" *
-          doctest::skip(true)) {
+// Bucket 0 completes before the stall; bucket 1's collective is stuck. After the watchdog's abort
+// releases it, its mark completes too: the timeout must still name bucket 1.
+GPU_TEST_CASE("gpusim stalls: the bucket named by a timeout is the one whose collective did not complete") {
   Ctx c(2, 1, DDP_LAYOUT_COPY, 300);
   DDP_OK(ddp_begin_backward(c.ddp, nullptr));
   DDP_OK(ddp_grad_ready(c.ddp, c.index[1]));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // bucket 0 completes
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   DDP_OK(ddp_grad_ready(c.ddp, c.index[0]));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -230,6 +246,7 @@ GPU_TEST_CASE("gpusim stalls: the watchdog aborts a stuck collective that the ca
   CUDA_OK(cudaSetDevice(0));
   cudaStream_t us = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&us, cudaStreamNonBlocking));
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   DDP_OK(ddp_begin_backward(c.ddp, us));
   DDP_OK(ddp_grad_ready(c.ddp, c.index[0]));
@@ -252,6 +269,7 @@ GPU_TEST_CASE("gpusim stalls: the watchdog aborts a stuck collective that the ca
 
 GPU_TEST_CASE("gpusim stalls: the communicators of every stream are aborted together, not one after another") {
   Ctx c(2, 2, DDP_LAYOUT_COPY, 300);
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   DDP_OK(ddp_begin_backward(c.ddp, nullptr));
   DDP_OK(ddp_grad_ready(c.ddp, c.index[0]));
@@ -275,6 +293,7 @@ GPU_TEST_CASE("gpusim stalls: ddp_broadcast on NCCL is watched like the buckets"
   void* const bufs[1] = {buf};
   const size_t counts[1] = {256};
   const ddp_dtype_t types[1] = {DDP_F32};
+  NoFaultsAfter faults_off;
   gpusim::nccl_stall_collectives(true);
   DDP_OK(ddp_broadcast(c.ddp, bufs, counts, types, 1, 0, nullptr));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));

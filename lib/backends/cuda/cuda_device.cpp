@@ -210,22 +210,30 @@ bool CudaStream::finishes_later(int tag, std::atomic<int32_t>* done) {
   return true;
 }
 
+// Once the stream is late, the abort has released its stuck work, whose marks then complete: the
+// bucket to name is the one found late, not the oldest mark still pending.
 int CudaStream::oldest_unfinished() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (late_) return late_tag_;
   late_locked(false);
   return marks_.empty() ? -1 : marks_.front().tag;
 }
 
+// Sets late_tag_ to the bucket of the late work (-1: work enqueued after the last mark).
 bool CudaStream::late_locked(bool stream_idle) {
+  if (late_) return true;  // aborted work completing is not a bucket done
   while (!marks_.empty() && (stream_idle || cudaEventQuery(marks_.front().event) == cudaSuccess)) {
     marks_.front().done->fetch_add(1, std::memory_order_relaxed);
     spare_.push_back(marks_.front().event);
     marks_.pop_front();
   }
   if (stream_idle) has_unmarked_ = false;
-  if (!marks_.empty() && marks_.front().has_deadline && marks_.front().deadline.passed()) return true;
   for (const Mark& m : marks_)
-    if (m.has_deadline && m.deadline.passed()) return true;
+    if (m.has_deadline && m.deadline.passed()) {
+      late_tag_ = marks_.front().tag;  // the oldest unfinished: work before a late mark is stuck too
+      return true;
+    }
+  late_tag_ = marks_.empty() ? -1 : marks_.front().tag;
   return has_unmarked_ && unmarked_.passed() && cudaStreamQuery(stream_) == cudaErrorNotReady;
 }
 

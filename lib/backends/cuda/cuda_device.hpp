@@ -122,7 +122,7 @@ class CudaStream final : public Stream, public Watched {
   int device_, index_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t in_event_ = nullptr, out_event_ = nullptr;
-  bool cancelled_ = false;
+  std::atomic<bool> cancelled_{false};  // set by the reducer, read by the watchdog
   std::mutex mu_;  // guards what the watchdog reads: sources_, marks_, the unmarked deadline, late_
   std::vector<AsyncErrorSource*> sources_;
   std::deque<Mark> marks_;
@@ -130,6 +130,7 @@ class CudaStream final : public Stream, public Watched {
   Deadline unmarked_;               // the oldest deadline of collectives enqueued after the last mark
   bool has_unmarked_ = false;
   bool late_ = false;  // the watchdog found a collective past its deadline and aborted its sources
+  int late_tag_ = -1;  // the oldest bucket not finished when the stream was found late (-1: none marked)
   std::shared_ptr<std::atomic<bool>> abandoned_ = std::make_shared<std::atomic<bool>>(false);
   int64_t stall_ms_ = 0;
   std::function<void()> stall_warn_;

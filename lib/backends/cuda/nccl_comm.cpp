@@ -98,13 +98,17 @@ ncclResult_t settle(ncclResult_t rc, ncclComm_t comm, Deadline dl) {
   }
 }
 
+// A call that was accepted (ncclInProgress) and then failed failed asynchronously: a nonblocking
+// communicator's poll reports the error of a collective that already ran, as ncclCommGetAsyncError does.
 void nccl_check(ncclResult_t rc, ncclComm_t comm, Deadline dl, const char* call) {
+  const bool accepted = rc == ncclInProgress;
   rc = settle(rc, comm, dl);
   if (rc == ncclSuccess) return;
   if (rc == ncclInProgress)
     fail(DDP_ERR_TIMEOUT, "%s did not complete before the timeout: another rank stalled or died", call);
   const char* last = nccl_last_error(comm);
-  fail(DDP_ERR_NCCL, "%s failed: %s%s%s", call, ncclGetErrorString(rc), last[0] ? ": " : "", last);
+  fail(DDP_ERR_NCCL, "%s failed: %s%s%s%s", call, accepted ? "NCCL reported an asynchronous error: " : "",
+       ncclGetErrorString(rc), last[0] ? ": " : "", last);
 }
 
 ncclDataType_t nccl_type(Dtype d) {
