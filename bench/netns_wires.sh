@@ -12,7 +12,7 @@
 #
 # TRAINER: the example trainer (default $BUILD/examples/mlp_trainer, BUILD defaulting to build);
 # OUTDIR: where network.json goes (default $BUILD/bench). Knobs (environment): NET_RATES ("1gbit 10gbit",
-# tc's rate syntax), NET_STEPS (trainer steps per run, 20), NET_RUNS (3), NET_WIRES ("none bf16 fp16
+# tc's rate syntax), NET_STEPS (trainer steps per run, 16), NET_RUNS (3), NET_WIRES ("none bf16 fp16
 # int8"), NET_TIMEOUT (seconds per trainer run, 120), NET_PORT (the first MASTER_PORT, 29400).
 # Needs root, ip and tc (iproute2) and network namespaces; without them it says why and exits 0.
 # The namespaces (and with them the veth pair) are deleted on exit, on failure and on Ctrl-C. Namespaces
@@ -23,7 +23,7 @@ BUILD=${BUILD:-build}
 trainer=${1:-$BUILD/examples/mlp_trainer}
 out=${2:-$BUILD/bench}
 RATES=${NET_RATES:-1gbit 10gbit}
-STEPS=${NET_STEPS:-20}
+STEPS=${NET_STEPS:-16}
 RUNS=${NET_RUNS:-3}
 WIRES=${NET_WIRES:-none bf16 fp16 int8}
 TMO=${NET_TIMEOUT:-120}
@@ -163,11 +163,16 @@ fi
 
 fail=0
 json="$tmp/runs.jsonl"; : >"$json"; : >"$tmp/rates"
-for rate in $RATES; do
-  burst=$(shape "$rate") || { say "tc could not shape $IF0/$IF1 to $rate (tbf missing?)"; fail=1; continue; }
-  d0=$(drops)
-  for ((k = 1; k <= RUNS; ++k)); do
+# Round k runs every rate, and within it every wire, so that a change of the machine's load hits every
+# row alike (the link is reshaped between rates: tc qdisc replace).
+declare -A burst_of dropped_of
+for ((k = 1; k <= RUNS; ++k)); do
+  for rate in $RATES; do
+    burst=$(shape "$rate") || { say "tc could not shape $IF0/$IF1 to $rate (tbf missing?)"; fail=1; continue; }
+    burst_of[$rate]=$burst
+    d0=$(drops)
     for w in $WIRES; do
+      load1=$(cut -d' ' -f1 /proc/loadavg)
       t0=$(date +%s.%N)
       if ! run_pair "$w" "$STEPS" "$tmp/run"; then
         say "$rate $w run $k failed:"; tail -n 3 "$tmp/run.0" "$tmp/run.1" | sed 's/^/  /'
@@ -178,12 +183,15 @@ for rate in $RATES; do
       read -r flight exposed < <(sed -n 's/^overlap: buckets in flight \([0-9.]*\) ms per step, \([0-9.]*\) ms of it exposed.*/\1 \2/p' "$tmp/run.0")
       loss=$(sed -n 's/^loss [0-9.]* -> \([0-9.]*\) over.*/\1/p' "$tmp/run.0")
       [ -n "$step" ] && [ -n "${exposed:-}" ] || { say "$rate $w run $k: no step time in the trainer's output"; fail=1; continue; }
-      printf '{"rate":"%s","rate_bits":%s,"wire":"%s","run":%d,"step_ms":%s,"exposed_ms":%s,"in_flight_ms":%s,"final_loss":%s,"wall_s":%.2f}\n' \
+      printf '{"rate":"%s","rate_bits":%s,"wire":"%s","run":%d,"step_ms":%s,"exposed_ms":%s,"in_flight_ms":%s,"final_loss":%s,"wall_s":%.2f,"load1_before":%s}\n' \
         "$rate" "$(rate_bits "$rate")" "$w" "$k" "$step" "$exposed" "$flight" "${loss:-null}" \
-        "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b - a}')" >>"$json"
+        "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b - a}')" "$load1" >>"$json"
     done
+    dropped_of[$rate]=$(( ${dropped_of[$rate]:-0} + $(drops) - d0 ))
   done
-  echo "$rate $burst $(($(drops) - d0))" >>"$tmp/rates"
+done
+for rate in $RATES; do
+  [ -n "${burst_of[$rate]:-}" ] && echo "$rate ${burst_of[$rate]} ${dropped_of[$rate]:-0}" >>"$tmp/rates"
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 took=$(($(date +%s) - start))
@@ -224,6 +232,13 @@ END {
   # wire; the two lines cross at b_delta / a_delta (an estimate: the fixed part is CPU-bound work).
   if (nr >= 2 && bits[R[1]] != bits[R[2]]) {
     x1 = 1e9 / bits[R[1]]; x2 = 1e9 / bits[R[2]]
+    y1 = ms[R[1], "none"]; y2 = ms[R[2], "none"]
+    if (y1 > 0 && y2 > 0 && (y1 - y2) * (x1 - x2) <= 0) {
+      printf "\nno estimate of where each wire starts to pay: fp32 was not faster on the faster link (%.1f ms at %s, %.1f ms at %s):\nthe CPU, not the link, bounded the steps (a loaded machine? see load1_before in network.json)\n", y1, R[1], y2, R[2]
+      nofit = 1
+    }
+  }
+  if (nr >= 2 && bits[R[1]] != bits[R[2]] && !nofit) {
     printf "\nwhere each wire starts to pay (step = a + b / bandwidth through %s and %s; an estimate):\n\n", R[1], R[2]
     print "| wire | a (ms) | b (ms at 1 Gbit/s) | faster than fp32 below |"
     print "|---|---:|---:|---:|"
