@@ -3,6 +3,7 @@
 #include "multi_tensor.h"
 
 #include <cub/device/device_memcpy.cuh>
+#include <utility>
 
 namespace ddp {
 namespace kern {
@@ -52,6 +53,21 @@ __global__ void int8_dequant_kernel(const char* chunks, size_t chunk_bytes, int 
   int8_dequant_thread<T>(chunks, chunk_bytes, world, n, out, blockIdx.x, threadIdx.x, blockDim.x, gridDim.x);
 }
 
+// A launch that reports its own result: cudaLaunchKernelEx returns it, where a <<<>>> launch is only
+// checked through the thread's last error, which would consume (or mistake for ours) an error the
+// caller has not read yet.
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace
 
 cudaError_t launch_int8_quantize(const void* x, ddp_dtype_t dtype, size_t n, float* residual, void* chunk,
@@ -60,9 +76,8 @@ cudaError_t launch_int8_quantize(const void* x, ddp_dtype_t dtype, size_t n, flo
   cudaError_t rc = cudaErrorInvalidValue;
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
-    int8_quantize_kernel<T><<<grid_for(elem::int8_blocks(n)), kThreads, 0, stream>>>(
-        static_cast<const typename T::storage*>(x), residual, n, static_cast<char*>(chunk));
-    rc = cudaGetLastError();
+    rc = launch(int8_quantize_kernel<T>, grid_for(elem::int8_blocks(n)), kThreads, stream,
+                static_cast<const typename T::storage*>(x), residual, n, static_cast<char*>(chunk));
   });
   return rc;
 }
@@ -73,9 +88,8 @@ cudaError_t launch_int8_dequant(const void* chunks, size_t chunk_bytes, int worl
   cudaError_t rc = cudaErrorInvalidValue;
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
-    int8_dequant_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const char*>(chunks), chunk_bytes, world,
-                                                                 n, static_cast<typename T::storage*>(out));
-    rc = cudaGetLastError();
+    rc = launch(int8_dequant_kernel<T>, grid_for(n), kThreads, stream, static_cast<const char*>(chunks), chunk_bytes,
+                world, n, static_cast<typename T::storage*>(out));
   });
   return rc;
 }
@@ -87,14 +101,15 @@ cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_bl
   cudaError_t rc = cudaErrorInvalidValue;
   with_dtype(src, [&](auto s) {
     with_dtype(dst, [&](auto d) {
-      multi_tensor_kernel<decltype(s), decltype(d)>
-          <<<static_cast<unsigned>(total_blocks), kThreads, 0, stream>>>(segs, nseg, flat, pack, scale);
-      rc = cudaGetLastError();
+      rc = launch(multi_tensor_kernel<decltype(s), decltype(d)>, static_cast<unsigned>(total_blocks), kThreads, stream,
+                  segs, nseg, flat, pack, scale);
     });
   });
   return rc;
 }
 
+// CUB checks its launches with cudaPeekAtLastError: it answers an error the caller left pending as its
+// own. The device does not call it while one is pending (CudaDevice::pack).
 cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes, int n,
                          cudaStream_t stream) {
   return cub::DeviceMemcpy::Batched(temp, *temp_bytes, in, out, sizes, n, stream);
@@ -105,8 +120,7 @@ cudaError_t launch_scale(void* buf, size_t n, ddp_dtype_t dtype, double scale, c
   cudaError_t rc = cudaErrorInvalidValue;
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
-    scale_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<typename T::storage*>(buf), n, scale);
-    rc = cudaGetLastError();
+    rc = launch(scale_kernel<T>, grid_for(n), kThreads, stream, static_cast<typename T::storage*>(buf), n, scale);
   });
   return rc;
 }
@@ -116,8 +130,8 @@ cudaError_t launch_nonfinite(const void* buf, size_t n, ddp_dtype_t dtype, unsig
   cudaError_t rc = cudaErrorInvalidValue;
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
-    nonfinite_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const typename T::storage*>(buf), n, flag);
-    rc = cudaGetLastError();
+    rc = launch(nonfinite_kernel<T>, grid_for(n), kThreads, stream, static_cast<const typename T::storage*>(buf), n,
+                flag);
   });
   return rc;
 }
@@ -130,8 +144,7 @@ cudaError_t launch_norm(const void* buf, size_t n, ddp_dtype_t dtype, double* pa
   with_dtype(dtype, [&](auto t) {
     typedef decltype(t) T;
     *blocks = grid_for(n);
-    norm_kernel<T><<<*blocks, kThreads, 0, stream>>>(static_cast<const typename T::storage*>(buf), n, partials);
-    rc = cudaGetLastError();
+    rc = launch(norm_kernel<T>, *blocks, kThreads, stream, static_cast<const typename T::storage*>(buf), n, partials);
   });
   return rc;
 }

@@ -1,6 +1,7 @@
 // Host-side entry points of the CUDA kernels: the multi-tensor scaled cast of a bucket (pack and
 // unpack in one launch each), batched plain copies through CUB, in-place scaling and the NaN/Inf scan.
-// Each returns the launch's cudaError_t; the caller checks it. Nothing here knows about buckets.
+// Each returns its launch's own cudaError_t and leaves an error the caller has not read yet alone;
+// the caller checks it. Nothing here knows about buckets.
 // Defined by multi_tensor.cu on a GPU build and by tests/gpusim/kernels_sim.cpp in the simulated
 // one; both run the thread bodies of kernel_bodies.h.
 #pragma once
@@ -21,7 +22,8 @@ namespace kern {
 cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_blocks, ddp_dtype_t src, ddp_dtype_t dst,
                                 void* flat, int pack, double scale, cudaStream_t stream);
 
-// cub::DeviceMemcpy::Batched. With temp == NULL only sets *temp_bytes (the two-phase query).
+// cub::DeviceMemcpy::Batched. With temp == NULL only sets *temp_bytes (the two-phase query). CUB
+// answers the thread's last error after its launch: an error already pending is returned as its own.
 cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes, int n,
                          cudaStream_t stream);
 

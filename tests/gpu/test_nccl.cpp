@@ -502,3 +502,53 @@ GPU_TEST_CASE("nccl world 1: a sharded context reduce-scatters, gathers on the s
       CUDA_OK(cudaStreamDestroy(stream));
     }
 }
+
+// The caller's pending CUDA error (one it has not read with cudaGetLastError yet) is still there after
+// libddp's calls: the kernels report their own launch results, and CUB's batched copy, which answers
+// the thread's last error after its launch, is left aside while one is pending. Plain copies (CUB) and
+// a scaled unflatten (the multi-tensor kernel), every result checked.
+GPU_TEST_CASE("nccl world 1: an error the caller has not read yet survives libddp's launches") {
+  Nccl nc;
+  int ndev = 0;
+  CUDA_OK(cudaGetDeviceCount(&ndev));
+  for (int scaled = 0; scaled < 2; ++scaled) {
+    CAPTURE(scaled);
+    ddp_config_t cfg;
+    DDP_OK(ddp_config_init(&cfg));
+    cfg.plan_order = DDP_PLAN_REGISTRATION;
+    cfg.message_size = 4096;
+    cfg.gradient_predivide_factor = scaled ? 2.0 : 1.0;  // average: x 1/2 fused, x 2 folded into unflatten
+    ddp_t ddp = nullptr;
+    DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
+    std::vector<void*> grads(3, nullptr);
+    std::vector<int> index(3, -1);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      CUDA_OK(cudaMalloc(&grads[i], 1000 * sizeof(float)));
+      DDP_OK(ddp_register_grad(ddp, grads[i], 1000, DDP_F32, 0, &index[i]));
+    }
+    for (int it = 0; it < 3; ++it) {  // the first uploads the tables; the pending error is set before the others
+      std::vector<float> host(1000);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        for (size_t k = 0; k < host.size(); ++k) host[k] = static_cast<float>(it * 1000 + i * 10 + k % 7);
+        CUDA_OK(cudaMemcpy(grads[i], host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+      }
+      if (it > 0) CHECK(cudaSetDevice(ndev) == cudaErrorInvalidDevice);  // now pending
+      DDP_OK(ddp_begin_backward(ddp, nullptr));
+      for (int k : index) DDP_OK(ddp_grad_ready(ddp, k));
+      DDP_OK(ddp_finish_backward(ddp, nullptr));
+      DDP_OK(ddp_synchronize(ddp));
+      if (it > 0) CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
+      CHECK(cudaGetLastError() == cudaSuccess);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        CUDA_OK(cudaMemcpy(host.data(), grads[i], host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t k = 0; k < host.size(); ++k)
+          if (host[k] != static_cast<float>(it * 1000 + i * 10 + k % 7)) {
+            FAIL_CHECK("iteration " << it << ", grad " << i << "[" << k << "] = " << host[k]);
+            break;
+          }
+      }
+    }
+    DDP_OK(ddp_destroy(ddp));
+    for (void* g : grads) CUDA_OK(cudaFree(g));
+  }
+}

@@ -64,7 +64,7 @@ cudaError_t launch_multi_tensor(const SegDesc* segs, int nseg, uint64_t total_bl
 
 // CUB's batched copy, as its documented contract: the first call (temp == nullptr) sizes the
 // temporary storage; the second copies sizes[i] bytes from in[i] to out[i], the three arrays read
-// from device memory when the copy runs.
+// from device memory when the copy runs. Its result is CUB's: the thread's last error after the launch.
 cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* const* out, const size_t* sizes, int n,
                          cudaStream_t stream) {
   const size_t need = 256 + 16 * static_cast<size_t>(n > 0 ? n : 0);
@@ -76,7 +76,7 @@ cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* 
   if (n <= 0) return cudaSuccess;
   const int device = gpusim::stream_device(stream);
   if (device < 0) return cudaErrorInvalidResourceHandle;
-  return gpusim::enqueue(stream, [=] {
+  const cudaError_t rc = gpusim::enqueue(stream, [=] {
     const size_t arr = sizeof(void*) * static_cast<size_t>(n);
     if (!on_device(temp, need, device) || !on_device(in, arr, device) || !on_device(out, arr, device) ||
         !on_device(sizes, sizeof(size_t) * static_cast<size_t>(n), device))
@@ -86,6 +86,9 @@ cudaError_t batched_copy(void* temp, size_t* temp_bytes, void* const* in, void* 
         return check(false, device, "batched copy: buffer " + std::to_string(i) + " is out of bounds");
     for (int i = 0; i < n; ++i) memcpy(out[i], in[i], sizes[i]);
   });
+  // As CUB does after its launches (triple_chevron: cudaPeekAtLastError): an error the caller left
+  // pending on this thread is answered as the copy's own.
+  return rc != cudaSuccess ? rc : cudaPeekAtLastError();
 }
 
 // The frame every grid-stride kernel shares: the stream's device, the dtype dispatch and the grid;

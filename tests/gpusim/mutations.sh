@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Mutation runs of the gpusim suite (docs/gpu.md): each applies one change to the backend, rebuilds
-# build/gpusim, runs the GPU tests and the multi-rank NCCL suite at np 2, reports which cases failed,
-# and puts the file back. Run from a clean tree: it edits lib/ while it runs.
+# $BUILD (default build/gpusim: a GPUSIM=1 build folder of its own), runs the GPU tests and the
+# multi-rank NCCL suite at np 2, reports which cases failed, and puts the file back. Run from a clean
+# tree: it edits lib/ while it runs.
+#   tests/gpusim/mutations.sh                          # build/gpusim
+#   BUILD=build-x/gpusim tests/gpusim/mutations.sh     # another folder
 cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/gpusim}
 tmp=$(mktemp)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 run() {  # name file python-replacement
@@ -14,9 +18,9 @@ p,old,new=sys.argv[1:4]; s=open(p).read()
 assert old in s, "pattern not found: "+old
 open(p,'w').write(s.replace(old,new,1))
 PY
-  make BUILD=build/gpusim CUDA=0 GPUSIM=1 -j2 build/gpusim/tests/gpu_tests build/gpusim/tests/mpi_nccl >/dev/null 2>&1 || echo "$name: build failed"
-  g=$(DDP_GPUSIM_DEVICES=2 timeout 300 build/gpusim/tests/gpu_tests --no-version 2>&1)
-  m=$(DDP_GPUSIM_DEVICES=4 NP_LIST=2 timeout 300 tests/mpi/run.sh build/gpusim/tests/mpi_nccl mpi-nccl 2>&1)
+  make BUILD="$BUILD" CUDA=0 GPUSIM=1 -j2 "$BUILD/tests/gpu_tests" "$BUILD/tests/mpi_nccl" >/dev/null 2>&1 || echo "$name: build failed"
+  g=$(DDP_GPUSIM_DEVICES=2 timeout 300 "$BUILD/tests/gpu_tests" --no-version 2>&1)
+  m=$(DDP_GPUSIM_DEVICES=4 NP_LIST=2 timeout 300 tests/mpi/run.sh "$BUILD/tests/mpi_nccl" mpi-nccl 2>&1)
   echo "### $name"
   echo "$g" | grep -E "^TEST CASE:" | sort | uniq -c
   echo "$g" | grep -E "test cases:"
@@ -38,5 +42,10 @@ run "M4 leave one in-place grad out of a bucket's group" lib/core/reducer.cpp \
     Segment& seg = r.direct.segs[i];
     c.allreduce(seg.ptr, seg.ptr, seg.numel, bk.dtype, r.red, s, dl);
   }'
-make BUILD=build/gpusim CUDA=0 GPUSIM=1 -j2 build/gpusim/tests/gpu_tests build/gpusim/tests/mpi_nccl >/dev/null 2>&1
+run "M5 zero new device buffers with cudaMemset on the legacy stream (asynchronous, not ordered with the bucket streams)" \
+  lib/backends/cuda/cuda_device.cpp \
+  '  DDP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, setup_));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(setup_));' \
+  '  DDP_CUDA_CHECK(cudaMemset(p, 0, bytes));'
+make BUILD="$BUILD" CUDA=0 GPUSIM=1 -j2 "$BUILD/tests/gpu_tests" "$BUILD/tests/mpi_nccl" >/dev/null 2>&1
 echo "### restored"

@@ -594,6 +594,12 @@ void CudaDevice::user_wait_stream(void* user_stream, Stream& s) {
   DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(user_stream), c.out_event(), 0));
 }
 
+// Whether the calling thread holds a CUDA error nobody has read yet (the caller's, or a sticky one).
+// CUB's batched copy would answer it as its own result (it checks its launch with
+// cudaPeekAtLastError): the multi-tensor kernel, whose launch reports its own result, copies instead
+// (a scale of 1 is a plain copy, bit for bit), and the error stays the caller's.
+static bool error_pending() { return cudaPeekAtLastError() != cudaSuccess; }
+
 // The GPU path reduces a bucket whole (NCCL cuts no pieces): a span is always the whole table.
 static void require_whole(const SegmentTable& table, Span span) {
   const Segment& last = table.segs.back();
@@ -607,7 +613,7 @@ void CudaDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, dou
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
   TableState& st = prepare(table, dst, dtype_size(wire), c);
-  if (src == wire && scale == 1.0 && !st.any_zero) {
+  if (src == wire && scale == 1.0 && !st.any_zero && !error_pending()) {
     size_t temp = st.temp_bytes;
     DDP_CUDA_CHECK(
         kern::batched_copy(st.temp, &temp, st.grads(), st.flats(), st.bytes(), static_cast<int>(st.n), c.stream()));
@@ -625,7 +631,7 @@ void CudaDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype 
   CudaStream& c = cuda(s);
   DeviceGuard g(device_);
   TableState& st = prepare(table, src, dtype_size(wire), c);
-  if (wire == dst && scale == 1.0) {
+  if (wire == dst && scale == 1.0 && !error_pending()) {
     size_t temp = st.temp_bytes;
     DDP_CUDA_CHECK(
         kern::batched_copy(st.temp, &temp, st.flats(), st.grads(), st.bytes(), static_cast<int>(st.n), c.stream()));
