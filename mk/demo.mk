@@ -113,7 +113,7 @@ bench:
 endif
 
 ## More benchmarks
-##   bench-network   (root; about 7 minutes) the example trainer over Gloo between two network namespaces
+##   bench-network   (root; about 5 minutes) the example trainer over Gloo between two network namespaces
 ##                   joined by a veth pair shaped to 1 and 10 Gbit/s, every compressed wire: a table per
 ##                   rate, raw numbers in $(BUILD)/bench/network.json (bench/netns_wires.sh; NET_RATES,
 ##                   NET_STEPS, NET_RUNS in its environment); also section 8 of make bench
