@@ -169,25 +169,40 @@ struct Ctx {
 }  // namespace
 
 GPU_TEST_CASE("gpusim ordering: the arena is zeroed before ddp_grad_ptr hands it out, not later on the legacy stream") {
-  Ctx c(1, 1, DDP_LAYOUT_ARENA, 60000);
+  ddp_nccl_id_t id;
+  DDP_OK(ddp_nccl_get_unique_id(&id));
+  ddp_comm_t comm = nullptr;
+  DDP_OK(ddp_comm_init_nccl(&id, 1, 0, 0, &comm));
+  ddp_config_t cfg;
+  DDP_OK(ddp_config_init(&cfg));
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.layout = DDP_LAYOUT_ARENA;
+  cfg.unused_policy = DDP_UNUSED_ZERO;
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(comm, &cfg, &ddp));
   CUDA_OK(cudaSetDevice(0));
-  // The legacy stream is busy (earlier work of the caller's): a memset queued there runs later.
+  // The legacy stream is busy (earlier work of the caller's) before the arena exists: a memset queued
+  // there when it is allocated runs later, after the caller's own writes.
   CUDA_OK(gpusim::enqueue(nullptr, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }));
+  int k = -1;
+  DDP_OK(ddp_register_grad(ddp, nullptr, 1024, DDP_F32, 0, &k));
   void* g = nullptr;
-  DDP_OK(ddp_grad_ptr(c.ddp, c.index[0], &g));
+  DDP_OK(ddp_grad_ptr(ddp, k, &g));
   cudaStream_t us = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&us, cudaStreamNonBlocking));
   std::vector<float> host(1024, 3.0f), back(1024, 0.0f);
   CUDA_OK(cudaMemcpyAsync(g, host.data(), 1024 * sizeof(float), cudaMemcpyHostToDevice, us));
-  DDP_OK(ddp_begin_backward(c.ddp, us));
-  DDP_OK(ddp_grad_ready(c.ddp, c.index[0]));
-  DDP_OK(ddp_finish_backward(c.ddp, us));
+  DDP_OK(ddp_begin_backward(ddp, us));
+  DDP_OK(ddp_grad_ready(ddp, k));
+  DDP_OK(ddp_finish_backward(ddp, us));
   CUDA_OK(cudaMemcpyAsync(back.data(), g, 1024 * sizeof(float), cudaMemcpyDeviceToHost, us));
   CUDA_OK(cudaStreamSynchronize(us));
   CHECK(back[0] == 3.0f);
   CHECK(back[1023] == 3.0f);
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaStreamDestroy(us));
+  DDP_OK(ddp_destroy(ddp));
+  DDP_OK(ddp_comm_destroy(comm));
 }
 
 GPU_TEST_CASE("gpusim ordering: the control path does not wait for the caller's blocking streams") {
