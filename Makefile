@@ -23,7 +23,10 @@
 ##   suite-NAME      one suite, NAME from SUITES; suite-python-src: the Python tests on the sources
 ##   test-sanitize   every suite under ASan+UBSan ($(BUILD)/asan), the threaded ones under TSan ($(BUILD)/tsan)
 ##   test-gpusim     the gpusim suite: the CUDA backend on a simulated CUDA runtime and NCCL, no GPU needed
-##   gpu-tests, gpu-bench   build the GPU test program and the flatten benchmark (CUDA builds)
+##   gpu-tests, gpu-bench   build the GPU test program and the flatten benchmark (CUDA builds);
+##                   gpu-probe: the device check tests/gpu/run.sh runs first (names a missing GPU or driver)
+##   exit-soak       the exit scenarios (no ddp_destroy; exit after a timeout), EXIT_SOAK_RUNS times
+##                   each over MPI and Gloo (default 200; the faults suites run each 10 times)
 ##   fuzz            libFuzzer over the API for FUZZ_SECONDS; fuzz-merge keeps new inputs in tests/fuzz/corpus;
 ##                   fuzz-build builds the fuzzer in FUZZ_BUILD
 ##   abi-asan-lib, gpusim-run, gpusim-gpu   steps of the abi and gpusim suites

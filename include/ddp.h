@@ -169,6 +169,12 @@ typedef enum ddp_unused_policy {
 
 /* Flags of ddp_register_grad. */
 #define DDP_GRAD_TRIGGER 1u /* apex allreduce_trigger_params: this grad closes its bucket */
+/* Copy layout: `grad` is a stand-in, not the grad's storage (one scratch buffer registered for every
+ * grad that does not exist yet, as a framework's lazily allocated grads need): it is not checked for
+ * overlap with other grads, and the real buffer must be given with ddp_set_grad_ptr or
+ * ddp_grad_ready_ptr before the grad's values matter (a stand-in that is reduced, an unused grad for
+ * one, is read and written like any grad). May differ between ranks. (Added in 0.2.) */
+#define DDP_GRAD_STAND_IN 2u
 
 /* ------------------------------------------------------------------------------------------------
  * Errors
@@ -444,7 +450,8 @@ DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp
  * its dtype's size (2, 4 or 8 bytes; DDP_ERR_INVALID_ARGUMENT "grad I at P is not aligned to its
  * dtype: f32 needs 4-byte alignment" otherwise, also for the pointers those two calls pass), and it
  * must not share a byte with a grad registered before it (a buffer registered twice would be
- * reduced twice): DDP_ERR_INVALID_ARGUMENT "grad I (B bytes at P) overlaps grad J (...)". Arena
+ * reduced twice): DDP_ERR_INVALID_ARGUMENT "grad I (B bytes at P) overlaps grad J (...)", unless
+ * one of the two is flagged DDP_GRAD_STAND_IN. `flags`: DDP_GRAD_TRIGGER, DDP_GRAD_STAND_IN. Arena
  * layout: `grad` must be NULL; the library allocates the storage (zeroed) when registration closes,
  * see ddp_grad_ptr. Only before registration closes. Not thread-safe with other calls on the same
  * context. */
@@ -588,9 +595,9 @@ DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* u
  * (host memory: synchronous; NCCL: enqueued on `stream`, a cudaStream_t). For comm hooks, on
  * bucket->comm; also on any host comm outside a context (device memory outside a hook is
  * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by
- * the world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit types in fp32 math, rounding after each addition. Bounded
- * by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS (default 300000 ms) outside.
- * Collective. */
+ * the world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit types in fp32
+ * math, rounding after each addition. Bounded by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS
+ * (default 300000 ms) outside. Collective. */
 DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op,
                                         void* stream);
 
@@ -602,8 +609,8 @@ DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count
  * DDP_ERR_INVALID_ARGUMENT and nothing is written. */
 typedef struct ddp_stats {
   size_t size;
-  uint64_t iterations;        /* synced backward passes finished (and ddp_reduce_all calls) */
-  uint64_t buckets_reduced;   /* bucket collectives completed */
+  uint64_t iterations;      /* synced backward passes finished (and ddp_reduce_all calls) */
+  uint64_t buckets_reduced; /* bucket collectives completed */
   /* Payload: the bytes of the buckets handed to their collectives (or to the comm hook), in the wire
    * type. It does not change with the world size, nor with what a hook sends: bytes_sent and
    * bytes_received say what travelled. */

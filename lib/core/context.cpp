@@ -104,7 +104,11 @@ int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags
   if (numel > limit || total_numel_ > limit - numel)
     fail(DDP_ERR_INVALID_ARGUMENT, "numel %zu is too large (the grads together may hold at most %zu elements)", numel,
          limit);
-  if ((flags & ~DDP_GRAD_TRIGGER) != 0) fail(DDP_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~DDP_GRAD_TRIGGER);
+  const unsigned known = DDP_GRAD_TRIGGER | DDP_GRAD_STAND_IN;
+  if ((flags & ~known) != 0) fail(DDP_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~known);
+  const bool stand_in = (flags & DDP_GRAD_STAND_IN) != 0;
+  if (stand_in && cfg_.arena())
+    fail(DDP_ERR_INVALID_ARGUMENT, "DDP_GRAD_STAND_IN is for the copy layout (the arena layout takes no pointer)");
   if (cfg_.arena() && grad)
     fail(DDP_ERR_INVALID_ARGUMENT,
          "in the arena layout the library owns grad storage: pass NULL and ask "
@@ -112,9 +116,11 @@ int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags
   if (!cfg_.arena() && !grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL (the copy layout needs the user's buffer)");
   if (specs_.size() >= static_cast<size_t>(INT32_MAX)) fail(DDP_ERR_INVALID_ARGUMENT, "too many grads");
   check_grad_aligned(grad, dtype, static_cast<int>(specs_.size()));
-  check_grad_disjoint(specs_, user_ptrs_, grad, numel, dtype);
-  specs_.push_back(GradSpec{numel, dtype, flags});
+  if (!stand_in) check_grad_disjoint(specs_, claimed_, grad, numel, dtype);
+  // The stand-in flag is this rank's business: the grad's spec (agreed, planned) carries the rest.
+  specs_.push_back(GradSpec{numel, dtype, flags & ~DDP_GRAD_STAND_IN});
   user_ptrs_.push_back(grad);
+  claimed_.push_back(stand_in ? nullptr : grad);
   total_numel_ += numel;
   return static_cast<int>(specs_.size() - 1);
 }

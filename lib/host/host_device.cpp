@@ -41,11 +41,14 @@ namespace host {
 
 namespace {
 thread_local WorkerState* t_worker = nullptr;
+std::atomic<bool> g_written_off{false};
 
 [[noreturn]] void park_forever() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 }  // namespace
+
+bool any_written_off() { return g_written_off.load(); }
 
 BlockingCall::BlockingCall() : state_(t_worker) {
   if (!state_) return;
@@ -147,6 +150,7 @@ class HostStream final : public Stream {
   // Writes the running task off (it is blocked in a collective): queued tasks are dropped, buffers
   // the device hands back from now on are kept, and the worker parks when its call returns.
   void abandon() {
+    host::g_written_off.store(true);
     st_->abandoned = true;
     st_->cancelled = true;
     st_->device_abandoned->store(true);

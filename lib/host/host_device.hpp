@@ -74,6 +74,11 @@ class BlockingCall {
   WorkerState* state_;
 };
 
+// Whether a stream of this process has written off a worker (its task did not finish by its
+// deadline): a thread that may still be inside a collective, so the communication library must not
+// be shut down under it (the MPI backend then skips its MPI_Finalize at exit).
+bool any_written_off();
+
 // Bytes per collective piece on host memory: DDP_HOST_PIECE_BYTES, else 4 MiB (docs/performance.md).
 size_t piece_bytes();
 }  // namespace host

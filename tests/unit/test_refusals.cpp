@@ -110,6 +110,54 @@ TEST_CASE("registration: two ranks' grads registered twice over one buffer would
   for (const std::string& e : errors) CHECK(has(e, "grad 1 (256 bytes at"));
 }
 
+TEST_CASE("registration: stand-ins (DDP_GRAD_STAND_IN) share one scratch buffer; the real buffers come later") {
+  // A framework whose grads do not exist yet registers one scratch buffer for all of them, flagged;
+  // ranks may differ in which grads are stand-ins. The real buffers are given before reduction.
+  std::mutex mu;
+  std::vector<std::string> errors;
+  CHECK(on_ranks(2, [&](int rank, ddp_comm_t comm) {
+          ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+          cfg.gradient_average = 0;
+          ddp_t d = nullptr;
+          if (ddp_create(comm, &cfg, &d) != DDP_SUCCESS) return false;
+          std::vector<float> scratch(100, 0.0f), a(100, 1.0f + rank), b(40, 10.0f * (1 + rank));
+          int ia = -1, ib = -1, ic = -1;
+          const unsigned a_flags = rank == 0 ? DDP_GRAD_STAND_IN : 0;  // rank 1 has grad a already
+          bool ok =
+              ddp_register_grad(d, rank == 0 ? scratch.data() : a.data(), 100, DDP_F32, a_flags, &ia) == DDP_SUCCESS;
+          ok = ok && ddp_register_grad(d, scratch.data(), 40, DDP_F32, DDP_GRAD_STAND_IN, &ib) == DDP_SUCCESS;
+          // A real grad over a stand-in's scratch is its own memory as far as the library knows.
+          std::vector<float> real(8, 0.5f);
+          ok = ok && ddp_register_grad(d, real.data(), 8, DDP_F32, 0, &ic) == DDP_SUCCESS;
+          // The flag never replaces the overlap check between real grads.
+          ok = ok && ddp_register_grad(d, real.data(), 8, DDP_F32, 0, &ic) == DDP_ERR_INVALID_ARGUMENT;
+          ok = ok && ddp_set_grad_ptr(d, ib, b.data()) == DDP_SUCCESS;
+          ok = ok && ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
+          ok = ok && ddp_grad_ready_ptr(d, ia, a.data()) == DDP_SUCCESS && ddp_grad_ready(d, ib) == DDP_SUCCESS &&
+               ddp_grad_ready(d, 2) == DDP_SUCCESS;
+          ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
+          for (float v : a) ok = ok && v == 3.0f;   // 1 + 2
+          for (float v : b) ok = ok && v == 30.0f;  // 10 + 20
+          for (float v : real) ok = ok && v == 1.0f;
+          ddp_destroy(d);
+          return ok;
+        }) == 0);
+  SUBCASE("the flag is for the copy layout, and unknown flags are refused") {
+    ddp_comm_t comm = nullptr;
+    REQUIRE(ddp_comm_init_self(&comm) == DDP_SUCCESS);
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.layout = DDP_LAYOUT_ARENA;
+    ddp_t d = nullptr;
+    REQUIRE(ddp_create(comm, &cfg, &d) == DDP_SUCCESS);
+    int idx = -1;
+    CHECK_STATUS(ddp_register_grad(d, nullptr, 4, DDP_F32, DDP_GRAD_STAND_IN, &idx), DDP_ERR_INVALID_ARGUMENT,
+                 "DDP_GRAD_STAND_IN is for the copy layout");
+    CHECK_STATUS(ddp_register_grad(d, nullptr, 4, DDP_F32, 4u, &idx), DDP_ERR_INVALID_ARGUMENT, "unknown flags 0x4");
+    ddp_destroy(d);
+    ddp_comm_destroy(comm);
+  }
+}
+
 TEST_CASE("registration: grads not aligned to their dtype are refused, and so are such moved pointers") {
   SelfContext c;
   alignas(16) unsigned char raw[256] = {};

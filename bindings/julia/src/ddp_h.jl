@@ -70,6 +70,7 @@ const UNUSED_ERROR = Cint(0)
 const UNUSED_ZERO = Cint(1)
 
 const GRAD_TRIGGER = Cuint(1)
+const GRAD_STAND_IN = Cuint(2)
 
 const ddp_comm_t = Ptr{Cvoid}  # struct ddp_comm*
 const ddp_local_group_t = Ptr{Cvoid}  # struct ddp_local_group*

@@ -73,6 +73,7 @@ DDP_UNUSED_ERROR = 0
 DDP_UNUSED_ZERO = 1
 
 DDP_GRAD_TRIGGER = 1
+DDP_GRAD_STAND_IN = 2
 
 ddp_comm_t = ctypes.c_void_p  # struct ddp_comm*
 ddp_local_group_t = ctypes.c_void_p  # struct ddp_local_group*
@@ -294,7 +295,7 @@ __all__ = ["DDP_VERSION_MAJOR", "DDP_VERSION_MINOR", "DDP_VERSION_PATCH", "DDP_V
            "DDP_COMPRESS_FP16", "DDP_COMPRESS_INT8", "ddp_uneven_t", "DDP_UNEVEN_OFF", "DDP_UNEVEN_BY_CONTRIBUTORS",
            "DDP_UNEVEN_BY_WORLD", "ddp_layout_t", "DDP_LAYOUT_COPY", "DDP_LAYOUT_ARENA", "ddp_plan_order_t",
            "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t", "DDP_UNUSED_ERROR", "DDP_UNUSED_ZERO",
-           "DDP_GRAD_TRIGGER", "ddp_comm_t", "ddp_local_group_t", "ddp_nccl_id_t", "DDP_CONFIG_MAGIC",
-           "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn",
-           "ddp_stats_t", "ddp_bucket_info_t", "ddp_shard_info_t", "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO",
-           "ddp_log_fn", "FUNCTIONS", "RETURNS_STATUS", "declare"]
+           "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t", "ddp_local_group_t", "ddp_nccl_id_t",
+           "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t", "ddp_hook_bucket_t",
+           "ddp_comm_hook_fn", "ddp_stats_t", "ddp_bucket_info_t", "ddp_shard_info_t", "ddp_log_level_t",
+           "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS", "RETURNS_STATUS", "declare"]

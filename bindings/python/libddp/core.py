@@ -365,10 +365,13 @@ class DDP(_Handle):
         self._synced = True
 
     # -- registration --------------------------------------------------------------------------
-    def register(self, buf=None, *, numel=None, dtype=None, trigger=False, device=False):
+    def register(self, buf=None, *, numel=None, dtype=None, trigger=False, device=False, stand_in=False):
         """Registers a grad; returns its index. Copy layout: `buf` is a numpy array, a torch tensor, a CuPy
-        array or (pointer, numel, dtype). Arena layout: give numel= and dtype= (buf None), or a buffer whose
-        numel and dtype are used (its memory is not); the storage is then at grad_ptr(index)/grad_array(index)."""
+        array or (pointer, numel, dtype); stand_in=True: `buf` only stands in for a grad that does not exist
+        yet (one scratch buffer may stand in for many; DDP_GRAD_STAND_IN), and the real buffer is given with
+        set_grad() or grad_ready(index, buf) before its values matter. Arena layout: give numel= and dtype=
+        (buf None), or a buffer whose numel and dtype are used (its memory is not); the storage is then at
+        grad_ptr(index)/grad_array(index)."""
         h = self._handle()
         if buf is None:
             if numel is None or dtype is None:
@@ -380,7 +383,8 @@ class DDP(_Handle):
             if self.arena:
                 ptr = None
         idx = ctypes.c_int()
-        L.lib.ddp_register_grad(h, ptr, n, code, L.DDP_GRAD_TRIGGER if trigger else 0, ctypes.byref(idx))
+        flags = (L.DDP_GRAD_TRIGGER if trigger else 0) | (L.DDP_GRAD_STAND_IN if stand_in and ptr else 0)
+        L.lib.ddp_register_grad(h, ptr, n, code, flags, ctypes.byref(idx))
         self._grads.append((n, code, bool(device)))
         if ptr is not None:
             self._buffers[idx.value] = buf

@@ -448,13 +448,15 @@ class DistributedDataParallel(torch.nn.Module):
                               device=self._cuda)
         for p in self._params:
             g = p.grad
+            stand_in = False
             if self.arena:
                 buf = None
             elif g is not None and g.is_contiguous():
                 buf = (g.data_ptr(), p.numel(), p.dtype)
             else:
-                buf = (self._scratch.data_ptr(), p.numel(), p.dtype)
-            self.ddp.register(buf, numel=p.numel(), dtype=p.dtype, trigger=id(p) in triggers, device=self._cuda)
+                buf, stand_in = (self._scratch.data_ptr(), p.numel(), p.dtype), True
+            self.ddp.register(buf, numel=p.numel(), dtype=p.dtype, trigger=id(p) in triggers, device=self._cuda,
+                              stand_in=stand_in)
         try:
             self.ddp.commit()
         except DDPError as e:  # ranks that registered different parameters

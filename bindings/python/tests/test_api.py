@@ -39,12 +39,13 @@ def test_buffers_of_every_kind():
     t = torch.zeros(3, 4, dtype=torch.float32)
     h = np.zeros(5, np.float16)
     raw = np.zeros(8, np.float32)
+    raw16 = np.zeros(2, np.uint16)
     with Comm.self() as c, DDP(c) as d:
         d.register(a)
         d.register(t)
         d.register(h)
         d.register((raw.ctypes.data, 8, "float32"))
-        d.register((raw.ctypes.data, 2, libddp.BF16))
+        d.register((raw16.ctypes.data, 2, libddp.BF16))  # memory of its own: grads may not overlap
         d.commit()
         assert d.grad_ptr(1) == t.data_ptr() and d.grad_ptr(3) == raw.ctypes.data
         with pytest.raises(libddp.InvalidArgumentError, match="read-only"):

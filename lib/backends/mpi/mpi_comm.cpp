@@ -46,9 +46,11 @@ std::string mpi_error_text(int code) {
 std::once_flag g_init_once, g_hook_once;
 bool g_we_initialized = false;
 
-// Set once a collective of this process gave up (a timeout, an abort, a duplication left posted): a
-// worker may still be inside MPI, and a peer may be dead. MPI_Finalize is then unsafe (it unloads the
-// transports under a blocked worker) and may wait forever (for the dead peer): it is skipped at exit.
+// Set once a request of this process was left posted at its deadline (a collective or a duplication
+// that timed out): a peer may be dead. With that, or with a stream worker written off inside a
+// collective (host::any_written_off), MPI_Finalize is unsafe (it unloads the transports under a
+// blocked worker) and may wait forever (for the dead peer): it is skipped at exit. An abort with
+// nothing left inside MPI (a mismatch, the unused-grad error, a failed hook) finalizes as usual.
 std::atomic<bool> g_gave_up{false};
 void gave_up() { g_gave_up.store(true); }
 
@@ -88,7 +90,7 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   stop_responders();
-  if (!g_gave_up.load()) MPI_Finalize();
+  if (!g_gave_up.load() && !host::any_written_off()) MPI_Finalize();
 }
 
 void ensure_mpi() {
@@ -454,7 +456,6 @@ class MpiComm final : public Comm {
   // and the ring's buffer is kept for a message still on its way.
   void abort() override {
     aborted_ = true;
-    gave_up();
     host::keep_until_exit(ring_);
   }
 

@@ -70,6 +70,7 @@ pub const DDP_UNUSED_ERROR: ddp_unused_policy_t = 0;
 pub const DDP_UNUSED_ZERO: ddp_unused_policy_t = 1;
 
 pub const DDP_GRAD_TRIGGER: c_uint = 1;
+pub const DDP_GRAD_STAND_IN: c_uint = 2;
 
 #[repr(C)]
 pub struct ddp_comm {
