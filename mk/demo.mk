@@ -57,7 +57,7 @@ DEMO_SAYS_self  = one process with the self communicator (no data parallelism)
 demo: $(DEMO_BIN)
 	$(if $(DEMO_RUN_$(DEMO_COMM)),,$(error DEMO_COMM=$(DEMO_COMM): use mpi, gloo, local or self))
 	@mkdir -p $(dir $(DEMO_TIMELINE))
-	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); about 15 s on 2 cores; DEMO_ARGS='$(DEMO_ARGS)'"
+	@echo "== make demo: $(DEMO_SAYS_$(DEMO_COMM)); a few seconds of training; DEMO_ARGS='$(DEMO_ARGS)'"
 	$(Q)$(DEMO_RUN_$(DEMO_COMM))
 	@if command -v python3 >/dev/null && python3 tools/merge_timeline.py -o $(DEMO_MERGED) $(DEMO_TIMELINE) >/dev/null 2>&1; \
 	then echo "== timeline of every rank in one trace: $(DEMO_MERGED); open it in ui.perfetto.dev (Open trace file) or chrome://tracing"; \
