@@ -14,7 +14,7 @@
 ##                   bindings-check: only check, naming each checked-in file that differs (CI)
 ##   help            this text
 ## Testing (each suite ends with "N passed, N failed"; make test sums them)
-##   test            every suite of SUITES (listed at the end): about 30 minutes on 2 cores; first
+##   test            every suite of SUITES (listed at the end): about 20 minutes on 2 cores; first
 ##                   tools/setup.sh installs the packages of tools/packages.txt that are missing (as
 ##                   root on Debian; otherwise it names the command and stops)
 ##   test-quick      the suites of QUICK_SUITES, a couple of minutes; the same summary line (setup too)
