@@ -100,9 +100,9 @@ fuzz-merge: fuzz-build
 # Everything under ASan+UBSan in its own tree, then the threaded suites under TSan; a report anywhere
 # fails (the runtimes abort on the first one, and the logs are searched as well).
 # Suites that load the library into another language's runtime cannot take a sanitized build; the
-# timeline suite's example trainer is linked without $(SAN) (mk/demo.mk), so it cannot either. The
-# gpusim suite builds its own trees and runs its threaded part under TSan itself.
-SAN_SKIP ?= python rust rust-fresh julia timeline install gpusim
+# timeline and demo suites' example trainer is linked without $(SAN) (mk/demo.mk), so they cannot
+# either. The gpusim suite builds its own trees and runs its threaded part under TSan itself.
+SAN_SKIP ?= python rust rust-fresh julia timeline demo install gpusim
 # Open MPI unloads its plugins at MPI_Finalize, so what they keep until exit shows up as leaks from
 # "<unknown module>" that no suppression can name: ranks under mpirun check memory errors and UB,
 # not leaks. Leaks are checked by every suite without MPI (fuzz, threads, unit).
