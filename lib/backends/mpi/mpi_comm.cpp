@@ -376,19 +376,22 @@ class MpiComm final : public Comm {
     const size_t step = n * es >= kRingMinBytes ? host::kRingMaxBytes / es : kMaxChunk;
     run_ring(
         [&](host::RingBuffer& ring, MpiRingLink& link) {
+          // A worker written off inside a blocking call below goes on here when it returns, after the
+          // comm may be gone: past the first call, only the link, the ring and the caller's arguments.
+          const int world = link.size();
           for (size_t done = 0; done < n;) {
             const size_t k = std::min(step, n - done);
             void* to = static_cast<char*>(recv) + done * es;
             const void* from = static_cast<const char*>(send) + done * es;
-            if (k * es >= kRingMinBytes || (is_16bit(d) && k >= static_cast<size_t>(size_))) {
+            if (k * es >= kRingMinBytes || (is_16bit(d) && k >= static_cast<size_t>(world))) {
               // MPI has no 16-bit arithmetic: a 16-bit wire (compression) always takes the ring.
               host::ring_allreduce(link, ring, from, to, k, d, factor);
             } else if (is_16bit(d)) {
               gathered_allreduce(ring, from, to, k, d, factor, link.worker(), dl);
-              link.wire->allgather(k * es, size_);
+              link.wire->allgather(k * es, world);
             } else {
               mpi_allreduce(send == recv ? MPI_IN_PLACE : from, to, k, d, link.worker(), dl);
-              link.wire->allreduce(k * es, size_);
+              link.wire->allreduce(k * es, world);
               if (factor != 1.0) host::convert(to, d, to, d, k, factor);
             }
             done += k;
@@ -490,7 +493,8 @@ class MpiComm final : public Comm {
   void gathered_allreduce(host::RingBuffer& ring, const void* from, void* to, size_t k, Dtype d, double factor,
                           bool worker, Deadline dl) {
     const size_t bytes = k * dtype_size(d);
-    char* all = ring.ensure(bytes * static_cast<size_t>(size_));
+    const int world = size_;  // read before the blocking call (see allreduce)
+    char* all = ring.ensure(bytes * static_cast<size_t>(world));
     const int n = static_cast<int>(bytes);
     if (worker) {
       DDP_MPI_CHECK(MPI_Allgather(from, n, MPI_BYTE, all, n, MPI_BYTE, comm_));
@@ -500,8 +504,8 @@ class MpiComm final : public Comm {
       wait_request(&req, dl, "MPI allgather");
     }
     host::convert(all, d, to, d, k, 1.0);
-    for (int r = 1; r < size_; ++r)
-      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == size_ - 1 ? factor : 1.0);
+    for (int r = 1; r < world; ++r)
+      host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == world - 1 ? factor : 1.0);
   }
 
   void mpi_allreduce(const void* from, void* to, size_t k, Dtype d, bool worker, Deadline dl) {
