@@ -428,7 +428,13 @@ ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) 
       t_hook = &h;
       t_hook_ctx = owner;
       t_last_error.clear();  // a hook that fails without a word must not borrow an older message
-      const ddp_status_t st = hook(&b, user_data);
+      // User code that may wait for anything, bracketed as a blocking call: a worker written off at
+      // the timeout parks when it returns. Everything the library reads is read before it begins (the
+      // function and its argument copied here), so nothing read races with the context's destruction.
+      const ddp_comm_hook_fn fn = hook;
+      void* const arg = user_data;
+      ddp_status_t st = DDP_SUCCESS;
+      h.stream->run_blocking([&] { st = fn(&b, arg); });
       t_hook = outer;
       t_hook_ctx = outer_ctx;
       if (st != DDP_SUCCESS)

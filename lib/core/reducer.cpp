@@ -426,8 +426,9 @@ void Reducer::step_collectives(int b, bool own_group) {
   const size_t n = p.staged ? p.packed : p.numel;
   switch (p.collective) {
     case Collective::Hook:  // the caller's reduction of the whole bucket (never sharded, never in place)
-      // User code that may wait for anything: bounded by timeout_ms like a blocked collective.
-      return s.run_blocking([&] { env_.hook(HookCall{b, p.stream, iteration_, buf, n, p.wire, &s, &c, dl}); });
+      // The user's function runs as a blocking call on `s` (ddp_set_comm_hook's wrapper), bounded by
+      // timeout_ms like a blocked collective.
+      return env_.hook(HookCall{b, p.stream, iteration_, buf, n, p.wire, &s, &c, dl});
     case Collective::Int8: return int8_allreduce(b, buf, n);
     case Collective::ReduceScatter: return c.reduce_scatter(buf, p.shard_n, p.wire, p.red, s, dl);
     case Collective::AllReduce: break;

@@ -186,7 +186,7 @@ class LocalComm final : public Comm {
 
   void abort() override {
     std::lock_guard<std::mutex> lock(channel_->mu);
-    give_up("its context failed or was destroyed: see that rank's error");
+    give_up(*channel_, rank_, "its context failed or was destroyed: see that rank's error");
   }
 
  private:
@@ -222,7 +222,7 @@ class LocalComm final : public Comm {
       Channel& c = *channel_;
       std::lock_guard<std::mutex> lock(c.mu);
       // After an abort a peer may still be reading this rank's previous copy: leave it alone.
-      if (c.aborted) fail_aborted();
+      if (c.aborted) fail_aborted(c, rank_, size());
       std::vector<char>& mine = c.data[static_cast<size_t>(rank_)];
       if (mine.size() < bytes) mine.resize(bytes);
       if (bytes) std::memcpy(mine.data(), buf, bytes);
@@ -231,12 +231,16 @@ class LocalComm final : public Comm {
     barrier(dl);
   }
 
+  // A worker written off while it waits here (its stream's timeout) may wake after its comm is gone:
+  // from the wait on, it touches only the channel it holds and the copies below, never `this`.
   void barrier(Deadline dl) {
-    Channel& c = *channel_;
+    const std::shared_ptr<Channel> keep = channel_;
+    const int me = rank_, world = size();
+    Channel& c = *keep;
     std::unique_lock<std::mutex> lock(c.mu);
-    if (c.aborted) fail_aborted();
+    if (c.aborted) fail_aborted(c, me, world);
     uint64_t gen = c.generation;
-    if (++c.arrived == size()) {
+    if (++c.arrived == world) {
       c.arrived = 0;
       ++c.generation;
       c.cv.notify_all();
@@ -247,27 +251,25 @@ class LocalComm final : public Comm {
       c.cv.wait(lock, done);
     } else if (!c.cv.wait_until(lock, dl.at(), done)) {
       // Leave the channel poisoned: the peers that are late would otherwise pair with a later call.
-      give_up("it waited past its deadline for the others");
-      fail(DDP_ERR_TIMEOUT, "local comm: rank %d waited past the deadline for the other ranks", rank_);
+      give_up(c, me, "it waited past its deadline for the others");
+      fail(DDP_ERR_TIMEOUT, "local comm: rank %d waited past the deadline for the other ranks", me);
     }
-    if (c.generation == gen) fail_aborted();
+    if (c.generation == gen) fail_aborted(c, me, world);
   }
 
   // Poisons the channel (its lock held), naming this rank as the one that gave up, unless one did first.
-  void give_up(const char* why) {
-    Channel& c = *channel_;
+  static void give_up(Channel& c, int rank, const char* why) {
     if (!c.aborted) {
-      c.aborted_by = rank_;
+      c.aborted_by = rank;
       c.why = why;
     }
     c.aborted = true;
     c.cv.notify_all();
   }
   // The channel was poisoned (its lock held): who gave up, and why.
-  [[noreturn]] void fail_aborted() const {
-    const Channel& c = *channel_;
-    if (c.aborted_by == rank_) fail(DDP_ERR_ABORTED, "local comm: aborted (this rank gave up on it: %s)", c.why);
-    fail(DDP_ERR_ABORTED, "local comm: aborted by rank %d of %d (%s)", c.aborted_by, size(), c.why);
+  [[noreturn]] static void fail_aborted(const Channel& c, int rank, int world) {
+    if (c.aborted_by == rank) fail(DDP_ERR_ABORTED, "local comm: aborted (this rank gave up on it: %s)", c.why);
+    fail(DDP_ERR_ABORTED, "local comm: aborted by rank %d of %d (%s)", c.aborted_by, world, c.why);
   }
 
   std::shared_ptr<LocalGroup> group_;
