@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "core/knobs.hpp"
 
@@ -168,18 +169,21 @@ void check_grad_aligned(const void* grad, Dtype d, int index) {
          grad, dtype_name(d), align);
 }
 
-void check_grad_disjoint(const std::vector<GradSpec>& specs, const std::vector<void*>& ptrs, const void* grad,
-                         size_t numel, Dtype d) {
+void ClaimedMemory::claim(int index, const void* grad, size_t numel, Dtype d) {
   if (!grad) return;
   const uintptr_t lo = reinterpret_cast<uintptr_t>(grad), hi = lo + numel * dtype_size(d);
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(ptrs[i]);
-    if (!ptrs[i] || !(lo < a + specs[i].numel * dtype_size(specs[i].dtype) && a < hi)) continue;
-    fail(DDP_ERR_INVALID_ARGUMENT,
-         "grad %zu (%zu bytes at %p) overlaps grad %zu (%zu bytes at %p): every grad needs memory of its own "
-         "(registered twice, it would be reduced twice)",
-         specs.size(), static_cast<size_t>(hi - lo), grad, i, specs[i].numel * dtype_size(specs[i].dtype), ptrs[i]);
+  // Claims never overlap one another, so only the last one starting before `hi` can overlap this one.
+  auto next = by_start_.lower_bound(hi);
+  if (next != by_start_.begin()) {
+    const auto& [a, c] = *std::prev(next);
+    if (c.hi > lo)
+      fail(DDP_ERR_INVALID_ARGUMENT,
+           "grad %d (%zu bytes at %p) overlaps grad %d (%zu bytes at %p): every grad needs memory of its own "
+           "(registered twice, it would be reduced twice)",
+           index, static_cast<size_t>(hi - lo), grad, c.index, static_cast<size_t>(c.hi - a),
+           reinterpret_cast<const void*>(a));
   }
+  by_start_.emplace(lo, Claim{hi, index});
 }
 
 void check_sync_agreement(const std::vector<int32_t>& passes) {

@@ -6,6 +6,8 @@
 // answer by the deadline.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,10 +26,21 @@ void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hoo
 // A grad's own checks on this rank (no exchange): its pointer is aligned to its element (the element
 // loops load whole elements), at registration and whenever the pointer moves.
 void check_grad_aligned(const void* grad, Dtype d, int index);
-// Grad `index`, `numel` elements of `d` at `grad`, shares no byte with a grad registered before it
-// (`specs`, `ptrs`): one buffer registered twice would be reduced twice. Names both grads.
-void check_grad_disjoint(const std::vector<GradSpec>& specs, const std::vector<void*>& ptrs, const void* grad,
-                         size_t numel, Dtype d);
+// The memory the registered grads claim, so that no byte is claimed twice (one buffer registered twice
+// would be reduced twice). Kept sorted by address: a registration costs O(log n), not a scan.
+class ClaimedMemory {
+ public:
+  // Grad `index`, `numel` elements of `d` at `grad`, claims its bytes; throws DDP_ERR_INVALID_ARGUMENT
+  // naming both grads if an earlier claim shares a byte with it (nothing is claimed then).
+  void claim(int index, const void* grad, size_t numel, Dtype d);
+
+ private:
+  struct Claim {
+    uintptr_t hi;
+    int index;
+  };
+  std::map<uintptr_t, Claim> by_start_;
+};
 
 // Ranks that disagree on ddp_set_sync: `passes[r]` is how many backward passes rank r ran with sync
 // off before the synced iteration it is in now (-1: not compared, a joined rank). Throws

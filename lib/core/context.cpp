@@ -116,11 +116,10 @@ int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags
   if (!cfg_.arena() && !grad) fail(DDP_ERR_INVALID_ARGUMENT, "grad is NULL (the copy layout needs the user's buffer)");
   if (specs_.size() >= static_cast<size_t>(INT32_MAX)) fail(DDP_ERR_INVALID_ARGUMENT, "too many grads");
   check_grad_aligned(grad, dtype, static_cast<int>(specs_.size()));
-  if (!stand_in) check_grad_disjoint(specs_, claimed_, grad, numel, dtype);
+  if (!stand_in) claimed_.claim(static_cast<int>(specs_.size()), grad, numel, dtype);
   // The stand-in flag is this rank's business: the grad's spec (agreed, planned) carries the rest.
   specs_.push_back(GradSpec{numel, dtype, flags & ~DDP_GRAD_STAND_IN});
   user_ptrs_.push_back(grad);
-  claimed_.push_back(stand_in ? nullptr : grad);
   total_numel_ += numel;
   return static_cast<int>(specs_.size() - 1);
 }

@@ -125,7 +125,7 @@ class Context {
   Progress progress_;  // where this rank stands, for the stall inspector
   std::vector<GradSpec> specs_;
   std::vector<void*> user_ptrs_;
-  std::vector<void*> claimed_;  // the memory each registration claims: user_ptrs_, NULL for stand-ins
+  ClaimedMemory claimed_;  // the memory the registrations claim (stand-ins claim none)
   size_t total_numel_ = 0;
   ReducerEnv reducer_env_;  // what the reducer reads (declared first: it outlives the reducer)
   std::unique_ptr<Reducer> reducer_;
