@@ -685,9 +685,13 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
     double loss = 0.0;
     for (int r = 0; r < t.world; ++r) loss += all[2 * r];
     loss /= t.world;
-    if (all[1] != mine[1]) {
-      fprintf(stderr, "rank %d: step %d: parameters differ from rank 0's (checksum %.17g vs %.17g)\n", t.rank, step,
-              mine[1], all[1]);
+    /* Every rank compares every rank's checksum with rank 0's, so that all of them stop together
+     * (a rank that left alone would leave the others waiting in the next step's reduction). */
+    for (int r = 1; r < t.world; ++r) {
+      if (all[2 * r + 1] == all[1]) continue;
+      if (t.rank == r)
+        fprintf(stderr, "rank %d: step %d: parameters differ from rank 0's (checksum %.17g vs %.17g)\n", r, step,
+                all[2 * r + 1], all[1]);
       exit(1);
     }
     /* Rank 0 reports progress; the other ranks speak only when they disagree (checked above). */

@@ -15,7 +15,10 @@ DEMO_NP   ?= 2
 DEMO_ARGS ?=
 DEMO_TIMELINE ?= $(BUILD)/demo/timeline.json
 DEMO_MERGED = $(basename $(DEMO_TIMELINE)).merged.json
-EXAMPLE_CFLAGS ?= -O3 -march=native -ffast-math
+# Reassociation lets the matrix loops vectorize; not all of -ffast-math: its vectorized division and
+# sqrt are approximations that the scalar remainder of a loop does not share, so Adam's update of one
+# element would depend on where the arrays lie, and the ranks' parameters would drift apart.
+EXAMPLE_CFLAGS ?= -O3 -march=native -fno-math-errno -fno-trapping-math -fno-signed-zeros -fassociative-math
 DEMO_BIN  := $(BUILD)/examples/mlp_trainer
 DEMO_GPU_BIN := $(BUILD)/examples/mlp_trainer_cuda
 # mpirun refuses to run as root unless told so.
