@@ -77,11 +77,11 @@ exit-soak:
 	@echo "exit-soak: skipped: built with MPI=0"
 endif
 
-# libFuzzer needs clang; the library is built for it in its own tree (no MPI: the fuzzer uses the
+# libFuzzer needs clang; the library is built for it in its own tree (no MPI, no Gloo: the fuzzer uses the
 # in-process communicators), instrumented for coverage, ASan and UBSan, every report fatal.
 FUZZ_SAN := -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 fuzz-build:
-	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CXX=$(FUZZ_CXX) CC=clang MPI=0 CUDA=0 \
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CXX=$(FUZZ_CXX) CC=clang MPI=0 GLOO=0 CUDA=0 \
 	  SANITIZE=address,undefined,fuzzer-no-link CXXFLAGS=-fno-sanitize-recover=all $(FUZZ_BUILD)/lib/libddp.a
 	$(call say,LINK,$(FUZZ_BUILD)/fuzz_api)
 	$(Q)$(FUZZ_CXX) -std=c++17 -O1 -g $(FUZZ_SAN) -Iinclude tests/fuzz/fuzz_api.cpp $(FUZZ_BUILD)/lib/libddp.a \

@@ -12,6 +12,7 @@
 #include "kernels/elementwise.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define DDP_SIMD __attribute__((target("avx2,f16c")))
@@ -187,7 +188,11 @@ DDP_SIMD void quantize_block(const float* x, float* residual, size_t n, float* s
 bool supported() {
   static const bool ok = [] {
     __builtin_cpu_init();  // may run before the library's constructors
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". The
+    // AVX2 check includes the operating system's saving of the registers, which F16C uses too.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return ok;
 }
