@@ -132,6 +132,8 @@ struct Program {
   uint8_t seed = 0;
   std::vector<Call> calls;
   std::vector<unsigned> perm_seed;  // rank 1 marks grads through a permutation
+  const char* knob = nullptr;       // an environment knob set for this input (edge cases), and its value
+  const char* knob_value = nullptr;
 };
 
 struct Grad {
@@ -883,8 +885,35 @@ Program parse(const uint8_t* data, size_t size) {
   c.shard = c.layout == DDP_LAYOUT_ARENA && c.plan_order == DDP_PLAN_REGISTRATION && (p.seed & 1);
   if (c.shard && p.diverge == 4) p.diverge = 0;
   if (p.diverge == 3) p.diverge_grad = in.u8() % 8;
-  // Now and then a field the library must refuse.
+  // Now and then a field the library must refuse, or the edge of what it accepts.
   const uint8_t bad = in.u8();
+  if (bad >= 0xe0 && bad < 0xf0) {
+    // Valid but extreme: the largest bounds (clock arithmetic must saturate), one bucket for every
+    // grad, nothing in place, the smallest and largest ring pieces, and the knobs at their limits or
+    // unreadable (warned, then their defaults). A world of 2 keeps its finite timeout: it bounds a
+    // destroy in mid-backward.
+    static const char* const piece_values[] = {"4096", "1099511627776", "4095", "12k", "-1", "99999999999999999999"};
+    switch (bad & 15) {
+      case 0:
+        if (p.world == 1) c.timeout_ms = static_cast<int64_t>(9.2e18);
+        break;
+      case 1: c.stall_warning_ms = static_cast<int64_t>(9.2e18); break;
+      case 2: c.message_size = static_cast<size_t>(9007199254740992.0); break;
+      case 3: c.inplace_min_numel = SIZE_MAX; break;
+      case 4: c.host_piece_bytes = 4096; break;
+      case 5: c.host_piece_bytes = static_cast<size_t>(9007199254740992.0); break;
+      case 6: c.num_streams = 64, c.message_size = 1, p.stream_comms = false; break;
+      case 7: c.inplace_min_numel = 1; break;
+      case 8:
+      case 9:
+      case 10:
+      case 11:
+      case 12:
+      case 13: p.knob = "DDP_HOST_PIECE_BYTES", p.knob_value = piece_values[(bad & 15) - 8]; break;
+      case 14: p.knob = "DDP_HOST_SIMD", p.knob_value = "0"; break;
+      case 15: p.knob = "DDP_HOST_SIMD", p.knob_value = "2"; break;
+    }
+  }
   if (bad >= 0xf0) {
     p.cfg_valid = false;
     p.diverge = 0;
@@ -947,6 +976,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
   Shared sh(1);
   sh.prog = parse(data, size);
+  // An edge-case knob for this input only; set before any thread of this input reads the environment.
+  struct KnobScope {
+    const char* name;
+    KnobScope(const char* n, const char* v) : name(n) {
+      if (name) setenv(name, v, 1);
+    }
+    ~KnobScope() {
+      if (name) unsetenv(name);
+    }
+  } knob(sh.prog.knob, sh.prog.knob_value);
   if (sh.prog.world == 1) {
     Rank r(sh, 0);
     r.run();
