@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The build itself: MPI found through the compiler wrappers of Open MPI, MPICH and Intel MPI (fake
 # wrappers on PATH or in MPICXX, read back with make config); the one-line build summary, printed
-# when the library is linked and not otherwise; make help naming every knob and target.
+# when the library is linked and not otherwise; make help naming every knob and target; the library
+# built with clang++ as well.
 # Usage: run.sh BUILD_DIR (run from the repository root). Ends with "build: N passed, N failed".
 build=$1
 pass=0; fail=0
@@ -161,6 +162,15 @@ else bad "the README does not list the packages of tools/packages.txt ($list)"; 
 if mk -pq help 2>/dev/null | grep -qx 'test: setup' && mk -pq help SETUP=0 2>/dev/null | grep -qx 'test:' &&
    mk -n setup 2>&1 | grep -q "tools/setup.sh"; then ok "make test runs tools/setup.sh first (SETUP=0: not)"
 else bad "make test does not depend on setup, or setup does not run tools/setup.sh"; fi
+
+# --- another compiler: the library with clang (CUDA left out: nvcc keeps its own host compiler) ---
+if command -v clang++ >/dev/null 2>&1; then
+  out=$(mk -j2 BUILD="$work/clang" CXX=clang++ CC=clang CUDA=0 SETUP=0 lib 2>&1); rc=$?
+  if [ $rc -eq 0 ] && ! grep -qE "warning:|error:" <<<"$out"; then ok "the library builds with clang++, no warning"
+  else bad "the library with clang++: exit $rc: $(grep -E "warning:|error:" <<<"$out" | head -n 5)"; fi
+else
+  echo "  skip the clang++ build: no clang++ on PATH"
+fi
 
 echo "build: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
