@@ -124,33 +124,42 @@ DDP_SIMD void sum(const uint16_t* a, const uint16_t* b, uint16_t* out, size_t n,
   std::memcpy(out + i, o, (n - i) * 2);
 }
 
-// elem::int8_quantize_block<F32>, 8 lanes at a time: its per-lane maxima and poison are 8 wide too,
-// and the block is zero-padded to a multiple of 8 as there. Each step is the portable one: the same
-// additions, the compare-selects written as max/min with the operands in the order that gives the
-// same result, a division where the reciprocal overflows, products rounded before the sums.
+// One vector of quantize_block's first pass: kept in y, its NaNs and magnitudes folded into the lanes.
+DDP_SIMD inline void absorb(float* y, __m256& lane_nan, __m256& lane_max, __m256 v) {
+  _mm256_store_ps(y, v);
+  lane_nan = _mm256_or_ps(lane_nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  lane_max = _mm256_max_ps(_mm256_and_ps(v, magnitude), lane_max);  // v > max ? v : max, as there
+}
+
+// elem::int8_quantize_block<F32>, 8 lanes at a time: its per-lane maxima are 8 wide too (its poison
+// is checked otherwise, below), and the block is zero-padded to a multiple of 8 as there. Each step
+// is the portable one: the same additions, the compare-selects written as max/min with the operands
+// in the order that gives the same result, a division where the reciprocal overflows, products
+// rounded before the sums. Whole vectors load plainly; only a block's tail takes masked loads.
 DDP_SIMD void quantize_block(const float* x, float* residual, size_t n, float* scale, int8_t* q) {
   alignas(32) float y[elem::kInt8Block];
   const size_t padded = (n + 7) / 8 * 8;
-  const __m256 zero = _mm256_setzero_ps(), magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 lane_max = zero, lane_poison = zero;
-  for (size_t i = 0; i < padded; i += 8) {
+  const __m256 zero = _mm256_setzero_ps();
+  // The portable poison (a sum of y * 0) is NaN exactly when some y is a NaN or an Inf; an Inf also
+  // makes the maximum, and so the scale, infinite. So a NaN seen here plus the scale's own check give
+  // the same verdict, with one compare where the portable code multiplies and adds.
+  __m256 lane_max = zero, lane_nan = zero;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    absorb(y + i, lane_nan, lane_max, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(residual + i)));
+  if (i < padded) {
     const __m256i live =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 v = _mm256_add_ps(_mm256_maskload_ps(x + i, live), _mm256_maskload_ps(residual + i, live));
-    _mm256_store_ps(y + i, v);
-    lane_poison = _mm256_add_ps(lane_poison, _mm256_mul_ps(v, zero));
-    lane_max = _mm256_max_ps(_mm256_and_ps(v, magnitude), lane_max);  // v > max ? v : max, as there
+    absorb(y + i, lane_nan, lane_max,
+           _mm256_add_ps(_mm256_maskload_ps(x + i, live), _mm256_maskload_ps(residual + i, live)));
   }
-  alignas(32) float lm[8], lp[8];
+  alignas(32) float lm[8];
   _mm256_store_ps(lm, lane_max);
-  _mm256_store_ps(lp, lane_poison);
-  float amax = 0, poison = 0;
-  for (size_t k = 0; k < 8; ++k) {
-    poison += lp[k];
-    amax = lm[k] > amax ? lm[k] : amax;
-  }
+  float amax = 0;
+  for (size_t k = 0; k < 8; ++k) amax = lm[k] > amax ? lm[k] : amax;
   const float s = amax / 127.0f;
-  if (poison != 0.0f || s - s != 0.0f) {
+  if (_mm256_movemask_ps(lane_nan) != 0 || s - s != 0.0f) {
     *scale = elem::bits_f32(0x7fc00000u);
     std::memset(q, 0, n);
     std::memset(residual, 0, n * 4);
@@ -160,7 +169,7 @@ DDP_SIMD void quantize_block(const float* x, float* residual, size_t n, float* s
   const float inv = s > 0.0f ? 1.0f / s : 0.0f;
   const bool divide = inv - inv != 0.0f;
   const __m256 step = _mm256_set1_ps(s), rcp = _mm256_set1_ps(inv), big = _mm256_set1_ps(12582912.0f);
-  for (size_t i = 0; i < padded; i += 8) {
+  for (i = 0; i < padded; i += 8) {
     const __m256 v = _mm256_load_ps(y + i);
     const __m256 t = divide ? _mm256_div_ps(v, step) : _mm256_mul_ps(v, rcp);
     __m256 r = _mm256_sub_ps(_mm256_add_ps(t, big), big);  // elem::round_small
