@@ -910,8 +910,10 @@ Program parse(const uint8_t* data, size_t size) {
       case 11:
       case 12:
       case 13: p.knob = "DDP_HOST_PIECE_BYTES", p.knob_value = piece_values[(bad & 15) - 8]; break;
-      case 14: p.knob = "DDP_HOST_SIMD", p.knob_value = "0"; break;
-      case 15: p.knob = "DDP_HOST_SIMD", p.knob_value = "2"; break;
+      // (DDP_HOST_SIMD is left out: the library reads it once per process, so a per-input value
+      // would test nothing.)
+      case 14: p.knob = "DDP_HOST_PIECE_BYTES", p.knob_value = ""; break;
+      case 15: p.knob = "DDP_HOST_PIECE_BYTES", p.knob_value = " 4096"; break;
     }
   }
   if (bad >= 0xf0) {
