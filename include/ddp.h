@@ -111,21 +111,28 @@ typedef enum ddp_compression {
    * grad or partial sum overflows; an overflow is an Inf, never hidden). */
   DDP_COMPRESS_FP16 = 2,
   /* f32 and f64 buckets travel as int8 in blocks of 256 elements, each block with its own fp32 scale
-   * (its largest magnitude / 127; values rounded to nearest), exchanged by an all-gather: every rank
-   * dequantizes every rank's blocks and sums them in rank order (fp32 math for f32 buckets, fp64 for
-   * f64), so every rank gets the same bits. Error feedback: what a rank's rounding lost in a bucket
-   * (its input minus what it sent) is kept by the library, 4 bytes per element (counted in
-   * library_bytes), and added to that rank's next input for the bucket, so roundings do not pile up
-   * into a bias: each reduced value is the exact result within (this iteration's plus the last
-   * one's rounding error) per rank, each at most a block's largest magnitude / 254, and the average
-   * over iterations converges to the exact average. A block holding a NaN or an Inf (or, in f64
-   * buckets, a magnitude past the fp32 range) becomes NaN on every rank, never hidden; its error is
-   * dropped. Bytes on the wire per rank: (world - 1) x (n + n/64) received against 2 (world - 1) /
-   * world x 4n for the fp32 ring: 0.25x at 2 ranks, 0.5x at 4, as much as bf16 from 4 ranks on (use
-   * bf16 there). Host memory and NCCL alike (on GPUs: CUDA kernels running the same element code,
-   * and ncclAllGather; such buckets are not grouped with others). 16-bit buckets travel as they
-   * are. Not with config.shard. A rank that joins (ddp_join) drops its kept errors, so that its
-   * shadowing contributes zeros. */
+   * (its largest magnitude / 127; values rounded to nearest). Below 3 ranks the blocks are
+   * exchanged by an all-gather: every rank dequantizes every rank's blocks and sums them in rank
+   * order (fp32 math for f32 buckets, fp64 for f64). From 3 ranks on (host communicators; the
+   * environment variable DDP_INT8_SCATTER_MIN_WORLD moves the threshold) by a reduce-scatter: the
+   * bucket is cut into one shard of whole blocks per rank, each rank receives every rank's blocks of
+   * its own shard and sums them the same way, re-quantizes that sum and all-gathers it. Either way
+   * every rank gets the same bits. Error feedback: what a rank's rounding lost in a bucket (its input
+   * minus what it sent) is kept by the library, 4 bytes per element (counted in library_bytes), and
+   * added to that rank's next input for the bucket, so roundings do not pile up into a bias; the
+   * reduce-scatter keeps the re-quantization's loss of each shard the same way (4 bytes per element
+   * of this rank's shard). Each reduced value is the exact result within (this iteration's plus the
+   * last one's rounding error) per rank, each at most a block's largest magnitude / 254 (the
+   * reduce-scatter adds the same bound once more, for the re-quantized sum), and the average over
+   * iterations converges to the exact average. A block holding a NaN or an Inf (or, in f64 buckets,
+   * a magnitude past the fp32 range) becomes NaN on every rank, never hidden; its error is dropped.
+   * Bytes on the wire per rank: about 0.25x those of the fp32 ring at any world size with the
+   * reduce-scatter (2 (world - 1) / world x (n + n/64) against 2 (world - 1) / world x 4n); the
+   * all-gather's (world - 1) x (n + n/64) is the same at 2 ranks. Host memory and NCCL alike (on
+   * GPUs: CUDA kernels running the same element code, and ncclAllGather at every world size, so
+   * that int8 carries as much as bf16 from 4 GPUs on; such buckets are not grouped with others).
+   * 16-bit buckets travel as they are. Not with config.shard. A rank that joins (ddp_join) drops
+   * its kept errors, so that its shadowing contributes zeros. */
   DDP_COMPRESS_INT8 = 3
 } ddp_compression_t;
 
@@ -625,7 +632,7 @@ typedef struct ddp_stats {
   int world_size;
   int rank;
   /* Added in 0.2. Traffic: the bytes this rank sent to and received from other ranks through the
-   * context's communicators, counted where they move: every bucket collective, the int8 all-gather,
+   * context's communicators, counted where they move: every bucket collective, the int8 exchanges,
    * the sharded reduce-scatter and parameter all-gather, a comm hook's ddp_comm_allreduce calls (a
    * hook that sends bf16 counts bf16 bytes), the host collectives (ddp_allreduce_host, ddp_broadcast,
    * ddp_barrier, ddp_join) and the control exchanges (agreement, the learned plan, the unused-grad

@@ -191,6 +191,8 @@ struct WireBytes {
   void reduce_scatter(uint64_t bytes, int w) { ring_steps(bytes, w, 1); }
   // An all-gather of `bytes` per rank: every other rank's chunk in, (w - 1) chunks out.
   void allgather(uint64_t bytes, int w) { add(bytes * uint64_t(w - 1), bytes * uint64_t(w - 1)); }
+  // An all-to-all of `bytes` per block: (w - 1) blocks out, (w - 1) in.
+  void alltoall(uint64_t bytes, int w) { allgather(bytes, w); }
   // A chain broadcast of `bytes` from `root`: every rank but the root receives them, every rank but
   // the last of the chain (root - 1) sends them on.
   void broadcast(uint64_t bytes, int w, int rank, int root) {
@@ -237,6 +239,13 @@ class Comm {
   // chunk rank() of every other rank's `buf`.
   virtual void allgather(void* buf, size_t bytes, Stream& s, Deadline dl) {
     fail(DDP_ERR_UNSUPPORTED, "this communicator has no all-gather");
+  }
+  // Whether alltoall is implemented (the int8 wire's reduce-scatter needs it).
+  virtual bool has_alltoall() const { return false; }
+  // All-to-all: `send` and `recv` (not overlapping) hold size() blocks of `bytes`; block j of `send`
+  // reaches rank j, and block i of `recv` comes from rank i (block rank() is copied).
+  virtual void alltoall(const void* send, void* recv, size_t bytes, Stream& s, Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "this communicator has no all-to-all");
   }
   // In-place broadcast of `bytes` from `root` in the comm's memory kind, in stream order on the
   // user's `user_stream` (a cudaStream_t for NCCL; host comms run it synchronously).

@@ -167,6 +167,7 @@ Settings read_config(const ddp_config_t* config) {
   s.c.size = sizeof s.c;
   for (const Field& f : kFields) check_field(f, s.c);
   check_combination(s.c);
+  s.int8_scatter_min_world = knobs::int8_scatter_min_world();  // read once, where ddp_create agrees on it
   if (s.c.timeline_path && s.c.timeline_path[0]) {
     s.timeline_path = s.c.timeline_path;
   } else {
@@ -190,6 +191,7 @@ ProgramSettings Settings::program(int world, int rank, bool hook) const {
   ps.compress = c.compression == DDP_COMPRESS_BF16 || c.compression == DDP_COMPRESS_FP16;
   ps.compress_wire = c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
   ps.int8 = c.compression == DDP_COMPRESS_INT8;
+  ps.int8_scatter_min_world = int8_scatter_min_world;
   ps.hook = hook;
   return ps;
 }

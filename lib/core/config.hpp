@@ -16,6 +16,7 @@ struct Settings {
   ddp_config_t c;
   std::string timeline_path;        // config.timeline_path, else DDP_TIMELINE, else empty
   std::vector<Comm*> stream_comms;  // resolved by the C shell from c.stream_comms; borrowed, or empty
+  int int8_scatter_min_world = 3;   // DDP_INT8_SCATTER_MIN_WORLD, as ddp_create read it
 
   bool arena() const { return c.layout == DDP_LAYOUT_ARENA; }
   bool sharded() const { return c.shard != 0; }

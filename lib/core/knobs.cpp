@@ -52,6 +52,8 @@ size_t host_piece_bytes() {
   return static_cast<size_t>(integer("DDP_HOST_PIECE_BYTES", 4096, int64_t(1) << 40, int64_t(4) << 20));
 }
 
+int int8_scatter_min_world() { return static_cast<int>(integer("DDP_INT8_SCATTER_MIN_WORLD", 1, int64_t(1) << 31, 3)); }
+
 uint64_t debug_every() {
   static const uint64_t every = static_cast<uint64_t>(integer("DDP_DEBUG_EVERY", 1, int64_t(1) << 62, 100));
   return every;
@@ -106,6 +108,7 @@ std::string text(const char* name) {
 
 void wire_knobs(WireKnob out[kNumWireKnobs]) {
   out[0] = WireKnob{"DDP_HOST_PIECE_BYTES", static_cast<int64_t>(host_piece_bytes())};
+  out[1] = WireKnob{"DDP_INT8_SCATTER_MIN_WORLD", static_cast<int64_t>(int8_scatter_min_world())};
 }
 
 }  // namespace knobs

@@ -15,6 +15,11 @@ namespace knobs {
 
 // DDP_HOST_PIECE_BYTES: host comms' bytes per collective piece (4096 .. 2^40; default 4 MiB).
 size_t host_piece_bytes();
+// DDP_INT8_SCATTER_MIN_WORLD: the world size from which the int8 wire reduce-scatters (each rank sums
+// one shard of the others' int8 blocks, re-quantizes it and all-gathers the result: about a quarter of
+// fp32's bytes at any world size) instead of all-gathering every rank's blocks (one exchange, but
+// (world - 1) chunks each way); 1 .. 2^31, default 3 (at world 2 both move the same bytes).
+int int8_scatter_min_world();
 // DDP_DEBUG_EVERY: with DDP_DEBUG=INFO, a summary every this many iterations (1 .. 2^62; default 100).
 uint64_t debug_every();
 // DDP_INIT_TIMEOUT_MS: the bound of communicator creation (0 .. 2^62 ms, 0 none; default 300000).
@@ -48,14 +53,15 @@ std::string bad_value_message(const char* name, const char* value, int64_t lo, i
 
 // The knobs that change what crosses the wire: ranks that read different values post collectives of
 // different sizes (DDP_HOST_PIECE_BYTES cuts every host collective into pieces, and the ring's
-// exchanges follow them). ddp_create agrees on each (core/agreement.cpp) and refuses a difference
-// with DDP_ERR_MISMATCH naming the knob. The other knobs change only what one rank prints, how long it
-// waits or where it listens (the rendezvous checks the job's identity itself): none is on this list.
+// exchanges follow them; DDP_INT8_SCATTER_MIN_WORLD chooses the int8 wire's collectives). ddp_create agrees on each
+// (core/agreement.cpp) and refuses a difference with DDP_ERR_MISMATCH naming the knob. The other knobs change only what
+// one rank prints, how long it waits or where it listens (the rendezvous checks the job's identity itself): none is on
+// this list.
 struct WireKnob {
   const char* name;
   int64_t value;  // as this rank reads it (its default when unset)
 };
-constexpr int kNumWireKnobs = 1;
+constexpr int kNumWireKnobs = 2;
 void wire_knobs(WireKnob out[kNumWireKnobs]);
 
 }  // namespace knobs

@@ -115,8 +115,19 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
     b.out = s.shard ? Span{lo, lo + b.shard_n} : Span{0, b.numel};
   }
   if (b.collective == Collective::Int8) {
+    // Reduce-scatter where the comm can exchange with every rank and the world is large enough that
+    // all-gathering every rank's chunk would cost more bytes (at world 2 both move one chunk each way).
+    b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world);
     b.int8_chunk = elem::int8_chunk_bytes(b.numel);
-    b.wire_bytes = b.int8_chunk;
+    if (b.int8_scatter) {
+      size_t most = 0;
+      for (int j = 0; j < s.world; ++j) {
+        const Span sh = int8_shard(b.numel, s.world, j);
+        most = std::max(most, sh.hi - sh.lo);
+      }
+      b.int8_chunk = elem::int8_chunk_bytes(most);
+    }
+    b.wire_bytes = elem::int8_chunk_bytes(b.numel);  // the payload, whatever the collectives
   } else if (b.staged) {
     b.wire_bytes = b.stage_bytes + direct_bytes;
   } else {
@@ -128,6 +139,11 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
 
 }  // namespace
 
+Span int8_shard(size_t n, int world, int j) {
+  const size_t blocks = elem::int8_blocks(n), w = static_cast<size_t>(world), k = static_cast<size_t>(j);
+  return Span{std::min(n, blocks * k / w * elem::kInt8Block), std::min(n, blocks * (k + 1) / w * elem::kInt8Block)};
+}
+
 Capabilities Capabilities::of(const Comm& c, size_t piece_bytes, bool inline_streams) {
   Capabilities k;
   for (int d = 0; d < kNumDtypes; ++d) {
@@ -138,6 +154,7 @@ Capabilities Capabilities::of(const Comm& c, size_t piece_bytes, bool inline_str
   k.premulsum = c.supports(RedOp::PreMulSum);
   k.sumscaled = c.supports(RedOp::SumScaled);
   k.group = c.can_group() && inline_streams;
+  k.alltoall = c.has_alltoall();
   return k;
 }
 
@@ -165,11 +182,11 @@ std::string describe(const Program& p) {
     for (bool d : b.direct) direct += d ? 1 : 0;
     out += format(
         "b%zu s%d %s>%s %s %s n=%zu padded=%zu shard=%zu packed=%zu direct=%zu piece=%zu red=%s:%g pre=%g "
-        "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s\n",
+        "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s%s\n",
         i, b.stream, dtype_name(b.dtype), dtype_name(b.wire), b.staged ? "staged" : "in-place",
         collective_name(b.collective), b.numel, b.padded, b.shard_n, b.packed, direct, b.piece, op_name(b.red.op),
         b.red.factor, b.pre, b.post, b.out.lo, b.out.hi, b.stage_bytes, static_cast<unsigned long long>(b.wire_bytes),
-        p.group ? " grouped" : "");
+        b.int8_scatter ? " scatter" : "", p.group ? " grouped" : "");
   }
   return out;
 }

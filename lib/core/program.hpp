@@ -27,8 +27,9 @@ struct ProgramSettings {
   size_t piece_bytes = 0;
   bool compress = false;  // f32/f64 buckets travel as compress_wire
   Dtype compress_wire = Dtype::BF16;
-  bool int8 = false;  // f32/f64 buckets travel as int8 blocks
-  bool hook = false;  // a comm hook sums every bucket
+  bool int8 = false;               // f32/f64 buckets travel as int8 blocks
+  int int8_scatter_min_world = 3;  // from this world on, the int8 wire reduce-scatters (knobs.hpp)
+  bool hook = false;               // a comm hook sums every bucket
 };
 
 // What the backends can do, asked once per stream's communicator.
@@ -37,6 +38,7 @@ struct Capabilities {
   bool avg = false, premulsum = false, sumscaled = false;
   size_t piece_elems[kNumDtypes] = {};  // host pieces per wire type (0: whole buckets)
   bool group = false;                   // several buckets' collectives as one group (GPU streams)
+  bool alltoall = false;                // Comm::alltoall (the int8 wire's reduce-scatter)
   static Capabilities of(const Comm& c, size_t piece_bytes, bool inline_streams);
 };
 
@@ -61,7 +63,8 @@ struct BucketProgram {
   double pre = 1.0, post = 1.0;  // the scaling left as passes (folded into pack and unpack)
   Span out;                      // the elements scaled (in place) or scanned after: the shard, or all
   size_t stage_bytes = 0;        // staging this bucket needs (bytes)
-  size_t int8_chunk = 0;         // Int8: bytes of each rank's chunk
+  size_t int8_chunk = 0;         // Int8: bytes of each rank's chunk (scatter: of each shard's, the largest)
+  bool int8_scatter = false;     // Int8: reduce-scatter of int8 shards, re-quantize, all-gather
   uint64_t wire_bytes = 0;       // bytes given to collectives per reduction (ddp_stats_t.bytes_reduced)
 };
 
@@ -69,6 +72,10 @@ struct Program {
   std::vector<BucketProgram> buckets;
   bool group = false;  // buckets launched together go as one group, their steps interleaved
 };
+
+// The int8 wire's reduce-scatter cuts a bucket of n elements into `world` shards of whole int8 blocks
+// (elem::kInt8Block): shard j's elements, [lo, hi). A rank's shard may be empty (n below world blocks).
+Span int8_shard(size_t n, int world, int j);
 
 // Compiles the program of `plan` (caps: one per stream). `divisor` is the averaging's (the world, or
 // the contributing ranks with uneven inputs).

@@ -25,6 +25,7 @@ struct Reducer::BucketRt {
   std::vector<std::pair<SegmentTable*, size_t>> where;  // per slot: its table entry
   size_t stage_offset = 0;                              // bytes into its stream's staging buffer
   size_t residual_at = 0;                               // int8: its first kept rounding error in residual_
+  size_t shard_residual_at = 0;                         // int8 scatter: those of re-quantizing this rank's shard
   std::atomic<bool> done{false};  // this iteration's work finished (names the bucket a timeout hit)
   int size = 0;
   int ready = 0;
@@ -172,6 +173,11 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
     if (p.collective == Collective::Int8) {
       r->residual_at = residuals_;
       residuals_ += p.numel;
+      if (p.int8_scatter) {
+        const Span mine = int8_shard(p.numel, env_.program.world, env_.program.rank);
+        r->shard_residual_at = residuals_;
+        residuals_ += mine.hi - mine.lo;
+      }
     }
     size_t& need = staging_need[static_cast<size_t>(p.stream)];
     if (program_.group) {
@@ -213,13 +219,14 @@ void Reducer::reserve_tasks() {
 }
 
 // The int8 wire's memory: the kept rounding errors of every int8 bucket (zero: nothing owed yet; a
-// new plan starts afresh) and one all-gather buffer per stream, as large as its largest bucket needs
-// (a host stream runs its buckets one after another).
+// new plan starts afresh) and one exchange buffer per stream, as large as its largest bucket needs
+// (a host stream runs its buckets one after another): world chunks to all-gather, or (scatter) world
+// shards to send and world to receive.
 void Reducer::alloc_int8() {
   std::vector<size_t> need(env_.streams.size(), 0);
   for (const BucketProgram& p : program_.buckets) {
     size_t& n = need[static_cast<size_t>(p.stream)];
-    n = std::max(n, p.int8_chunk * static_cast<size_t>(env_.program.world));
+    n = std::max(n, p.int8_chunk * static_cast<size_t>(env_.program.world) * (p.int8_scatter ? 2 : 1));
   }
   for (void* p : gather_) env_.device->release(p);
   env_.device->release(residual_);
@@ -232,7 +239,9 @@ void Reducer::alloc_int8() {
   }
 }
 
-// Zeros in each int8 bucket's stream order (the residuals may be device memory).
+// Zeros in each int8 bucket's stream order (the residuals may be device memory). What this rank owes
+// for its own contribution only: a scatter bucket's shard errors belong to the sum of every rank's
+// contributions, which this rank still re-quantizes.
 void Reducer::clear_feedback() {
   for (size_t b = 0; b < rt_.size(); ++b) {
     const BucketProgram& p = program_.buckets[b];
@@ -245,11 +254,44 @@ void Reducer::clear_feedback() {
 // stream's gather buffer, every rank's chunk to every rank, and the same rank-order sum everywhere.
 void Reducer::int8_allreduce(int b, void* buf, size_t n) {
   auto [p, r, s, d, c] = work(b);
+  if (p.int8_scatter) return int8_scatter_allreduce(b, buf, n);
   char* all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   d.int8_quantize(buf, p.dtype, n, residual_ + r.residual_at,
                   all + static_cast<size_t>(env_.program.rank) * p.int8_chunk, s);
   c.allgather(all, p.int8_chunk, s, Deadline::after_ms(env_.timeout_ms));
   d.int8_dequant_sum(all, p.int8_chunk, env_.program.world, n, p.dtype, buf, s);
+}
+
+// The int8 wire as a reduce-scatter: the bucket is cut into world shards of whole blocks
+// (int8_shard); each rank quantizes every shard with its kept errors (the same blocks, the same bits
+// as the all-gather's chunk), sends shard j to rank j, sums the world chunks of its own shard in rank
+// order, re-quantizes that sum with errors kept for it, and all-gathers the re-quantized shards, which
+// every rank (the owner too) dequantizes: the same bits everywhere. Each exchange moves (world - 1)
+// shard chunks each way, so the bytes stay about a quarter of fp32's ring at any world size.
+void Reducer::int8_scatter_allreduce(int b, void* buf, size_t n) {
+  auto [p, r, s, d, c] = work(b);
+  const int world = env_.program.world, me = env_.program.rank;
+  const size_t es = dtype_size(p.dtype), chunk = p.int8_chunk;
+  char* x = static_cast<char*>(buf);
+  char* send = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
+  char* recv = send + static_cast<size_t>(world) * chunk;
+  const Deadline dl = Deadline::after_ms(env_.timeout_ms);
+  for (int j = 0; j < world; ++j) {
+    const Span sh = int8_shard(n, world, j);
+    d.int8_quantize(x + sh.lo * es, p.dtype, sh.hi - sh.lo, residual_ + r.residual_at + sh.lo,
+                    send + static_cast<size_t>(j) * chunk, s);
+  }
+  c.alltoall(send, recv, chunk, s, dl);
+  const Span mine = int8_shard(n, world, me);
+  char* own = x + mine.lo * es;
+  d.int8_dequant_sum(recv, chunk, world, mine.hi - mine.lo, p.dtype, own, s);
+  d.int8_quantize(own, p.dtype, mine.hi - mine.lo, residual_ + r.shard_residual_at,
+                  send + static_cast<size_t>(me) * chunk, s);
+  c.allgather(send, chunk, s, dl);
+  for (int j = 0; j < world; ++j) {
+    const Span sh = int8_shard(n, world, j);
+    d.int8_dequant_sum(send + static_cast<size_t>(j) * chunk, chunk, 1, sh.hi - sh.lo, p.dtype, x + sh.lo * es, s);
+  }
 }
 
 void* Reducer::staging(int b) const {

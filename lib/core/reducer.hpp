@@ -138,6 +138,7 @@ class Reducer {
   void pieces(int b);
   void reduce_in_place(int b, void* p, size_t n);
   void int8_allreduce(int b, void* buf, size_t n);
+  void int8_scatter_allreduce(int b, void* buf, size_t n);
   void alloc_int8();
   void* buffer(int b) const;  // what the collective runs on: the staging range or the arena storage
   const void* direct_source(const BucketProgram& p, const BucketRt& r, Span sp, size_t* seg) const;
@@ -164,7 +165,7 @@ class Reducer {
   std::unique_ptr<ShardSet> shards_;  // sharded contexts
   float* residual_ = nullptr;         // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
   size_t residuals_ = 0;              // (host memory: the int8 wire runs on host devices only)
-  std::vector<void*> gather_;         // int8 wire: per stream, the all-gather buffer of world chunks
+  std::vector<void*> gather_;         // int8 wire: per stream, the exchange buffer (alloc_int8)
   uint64_t int8_bytes_ = 0;
   uint64_t arena_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order

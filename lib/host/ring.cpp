@@ -1,6 +1,7 @@
 #include "host/ring.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "host/host_kernels.hpp"
 
@@ -8,9 +9,13 @@ namespace ddp {
 namespace host {
 
 namespace {
-// One exchange with the neighbours, counted where the bytes move.
+// One exchange with the neighbours (or, all-to-all, with two other ranks), counted where the bytes move.
 void exchange(RingLink& link, const void* out, size_t out_bytes, void* in, size_t in_bytes) {
   link.exchange(out, out_bytes, in, in_bytes);
+  if (link.wire) link.wire->add(out_bytes, in_bytes);
+}
+void exchange_with(RingLink& link, int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes) {
+  link.exchange_with(to, out, out_bytes, from, in, in_bytes);
   if (link.wire) link.wire->add(out_bytes, in_bytes);
 }
 }  // namespace
@@ -77,6 +82,20 @@ void ring_allgather(RingLink& link, char* buf, size_t bytes) {
     const size_t n = std::min(kRingMaxBytes, bytes - lo);
     for (int s = 0; s < w - 1; ++s)
       exchange(link, buf + chunk(me - s) * bytes + lo, n, buf + chunk(me - s - 1) * bytes + lo, n);
+  }
+}
+
+void pairwise_alltoall(RingLink& link, const char* send, char* recv, size_t bytes) {
+  const int w = link.size(), me = link.rank();
+  const size_t at = static_cast<size_t>(me) * bytes;
+  if (bytes) std::memcpy(recv + at, send + at, bytes);
+  for (int k = 1; k < w; ++k) {
+    const int to = (me + k) % w, from = (me + w - k) % w;
+    for (size_t lo = 0; lo < bytes; lo += kRingMaxBytes) {
+      const size_t n = std::min(kRingMaxBytes, bytes - lo);
+      exchange_with(link, to, send + static_cast<size_t>(to) * bytes + lo, n, from,
+                    recv + static_cast<size_t>(from) * bytes + lo, n);
+    }
   }
 }
 

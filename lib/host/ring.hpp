@@ -1,5 +1,6 @@
 // The host ring: libddp's own allreduce, reduce-scatter and all-gather over any host communicator
-// that can exchange bytes with its two neighbours (MPI, Gloo). The pass that adds the last rank's
+// that can exchange bytes with its two neighbours (MPI, Gloo), and the all-to-all of the int8 wire,
+// which exchanges with every rank in turn. The pass that adds the last rank's
 // contribution to a chunk also applies the averaging factor, so averaging costs no pass of its own,
 // and every rank receives the same bits (each chunk is finished by one rank and copied to the others).
 #pragma once
@@ -21,9 +22,13 @@ class RingLink {
   virtual ~RingLink() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Sends `out_bytes` from `out` to rank + 1 while receiving `in_bytes` into `in` from rank - 1, and
-  // returns when both are done. Throws (a timeout, a broken peer) naming the neighbour.
-  virtual void exchange(const void* out, size_t out_bytes, void* in, size_t in_bytes) = 0;
+  // Sends `out_bytes` from `out` to rank `to` while receiving `in_bytes` into `in` from rank `from`,
+  // and returns when both are done. Throws (a timeout, a broken peer) naming the peer.
+  virtual void exchange_with(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes) = 0;
+  // The ring's step: to rank + 1, from rank - 1.
+  void exchange(const void* out, size_t out_bytes, void* in, size_t in_bytes) {
+    exchange_with((rank() + 1) % size(), out, out_bytes, (rank() + size() - 1) % size(), in, in_bytes);
+  }
   // Where the ring functions count each exchange's bytes (the communicator's counters), or none.
   std::shared_ptr<WireBytes> wire;
 };
@@ -48,6 +53,10 @@ void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dt
                          size_t piece_bytes);
 // In place over size() chunks of `bytes`: each rank's own chunk travels once around the ring.
 void ring_allgather(RingLink& link, char* buf, size_t bytes);
+// All-to-all of size() blocks of `bytes`: block j of `send` reaches rank j, and block i of `recv` is
+// rank i's block rank() (`send` and `recv` do not overlap). In size() - 1 steps, the k-th exchanging
+// with rank + k and rank - k, so every byte crosses the wire once: (size() - 1) blocks each way.
+void pairwise_alltoall(RingLink& link, const char* send, char* recv, size_t bytes);
 
 }  // namespace host
 }  // namespace ddp

@@ -27,6 +27,7 @@
 
 #include "ddp.h"
 #include "../support/mpi_harness.hpp"
+#include "../support/int8_model.hpp"
 #include "../support/reference.hpp"
 
 namespace {
@@ -537,6 +538,13 @@ void test_compression(uint64_t seed) {
 // different scales), checked against a bound built from each 256-element block's largest magnitude on
 // each rank, this iteration's and the last one's (the rounding sent now and the one fed back).
 
+// Whether the communicator under test has the int8 wire's reduce-scatter (NCCL's all-gathers).
+#if DDP_TEST_NCCL
+constexpr bool kInt8Scatters = false;
+#else
+constexpr bool kInt8Scatters = true;
+#endif
+
 struct Int8Model {
   std::vector<size_t> numel;
   std::vector<ddp_dtype_t> dtype;
@@ -619,6 +627,9 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
   const Closer closer{d};
+  // The reduce-scatter (from world 3, by default) re-quantizes each shard's sum and feeds that
+  // rounding back too: a second error of the same size, bounded by the sum of the ranks' block maxima.
+  const double requant = kInt8Scatters && g_world >= 3 ? 2.0 : 1.0;
   // m.copy[g]: the host image of grad g, written to and read back from its storage (device memory
   // over NCCL), which the copy layout allocates here and the arena layout names.
   m.copy.resize(m.numel.size());
@@ -676,6 +687,7 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
           const double last = it > 0 ? prev[static_cast<size_t>(r)][block] : now[static_cast<size_t>(r)][block];
           bound += (now[static_cast<size_t>(r)][block] + last) * 1.02 / 254.0;
         }
+        bound *= requant;
         const double got = ref::load(ptr(g), i, m.dtype[g]) * g_world;
         if (it == nan_at && g == 0 && i == 0) {
           if (!std::isnan(got)) {
@@ -703,6 +715,7 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
           want += int8_input(seed, r, 0, m, g, i);
           bound += 2.0 * prev[static_cast<size_t>(r)][{m.bucket[g], (m.offset[g] + i) / 256}] * 1.02 / 254.0;
         }
+        bound *= requant;
         const double avg = sum[g][i] / (iters - 1);
         if (!(std::fabs(avg - want) <= bound / (iters - 1) + 1e-6 * std::fabs(want) + 1e-30)) {
           *why = "error feedback: grad " + std::to_string(g) + "[" + std::to_string(i) + "]: mean over " +
@@ -718,6 +731,141 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
     *bytes = st.bytes_reduced;
   }
   return true;
+}
+
+// --- the int8 wire, exact: both collectives against the float64 model of the same quantization
+// (tests/support/int8_model.hpp). No averaging, no pre-division: the sums themselves are compared.
+
+// `iters` iterations of fresh inputs (with per-grad magnitudes, so that blocks span scales) through
+// the int8 wire with DDP_INT8_SCATTER_MIN_WORLD = `min_world`; every rank's reduced grads must equal
+// the model's bit for bit. *sent: ddp_stats_t.bytes_sent at the end.
+bool int8_exact_case(int arena, int min_world, uint64_t seed, int iters, uint64_t* sent, std::string* why) {
+  std::mt19937_64 shared(seed), mine(seed * 13 + static_cast<uint64_t>(g_rank));
+  Int8Model m;
+  const int n = 1 + static_cast<int>(shared() % 6);
+  for (int g = 0; g < n; ++g) {
+    m.numel.push_back(1 + shared() % (shared() % 4 ? 1500 : 6000));
+    m.dtype.push_back(shared() % 3 ? DDP_F32 : DDP_F64);
+    m.mag.push_back(std::ldexp(1.0, static_cast<int>(shared() % 13) - 6));
+  }
+  setenv("DDP_INT8_SCATTER_MIN_WORLD", std::to_string(min_world).c_str(), 1);
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.layout = arena;
+  cfg.plan_order = DDP_PLAN_REGISTRATION;
+  cfg.message_size = 1 + shared() % 20000;
+  cfg.compression = DDP_COMPRESS_INT8;
+  cfg.gradient_average = 0;
+  cfg.num_streams = 1 + static_cast<int>(shared() % 2);
+  cfg.timeout_ms = 30000;
+  ddp_t d = nullptr;
+  const ddp_status_t created = ddp_create(g_comm, &cfg, &d);
+  unsetenv("DDP_INT8_SCATTER_MIN_WORLD");
+  EXPECT_OK(created);
+  const Closer closer{d};
+  m.copy.resize(m.numel.size());
+  m.index.resize(m.numel.size());
+  std::vector<void*> storage_of(m.numel.size(), nullptr);
+  const Frees frees{&storage_of};
+  for (size_t g = 0; g < m.numel.size(); ++g) {
+    m.copy[g].assign(m.numel[g] * ref::dsize(m.dtype[g]), 0);
+    if (!arena) storage_of[g] = grad_alloc(m.copy[g].size());
+    EXPECT_OK(ddp_register_grad(d, storage_of[g], m.numel[g], m.dtype[g], 0, &m.index[g]));
+  }
+  EXPECT_OK(ddp_commit(d));
+  if (!int8_layout(d, m, why)) return false;
+  int nb = 0;
+  EXPECT_OK(ddp_get_plan(d, &nb, nullptr));
+  std::vector<size_t> bucket_n(static_cast<size_t>(nb), 0);
+  std::vector<bool> bucket_f32(static_cast<size_t>(nb), true);
+  for (size_t g = 0; g < m.numel.size(); ++g) {
+    bucket_n[static_cast<size_t>(m.bucket[g])] += m.numel[g];
+    bucket_f32[static_cast<size_t>(m.bucket[g])] = m.dtype[g] == DDP_F32;
+  }
+  const bool scatter = kInt8Scatters && g_world >= min_world;
+  const size_t W = static_cast<size_t>(g_world);
+  // The model's state: per bucket, every rank's kept errors and every owner's shard errors.
+  std::vector<std::vector<std::vector<double>>> res(static_cast<size_t>(nb)), shard(static_cast<size_t>(nb));
+  for (int b = 0; b < nb; ++b) {
+    res[static_cast<size_t>(b)].assign(W, std::vector<double>(bucket_n[static_cast<size_t>(b)], 0.0));
+    shard[static_cast<size_t>(b)].assign(W, std::vector<double>());
+  }
+  auto storage = [&](size_t g) -> void* {
+    void* p = storage_of[g];
+    if (arena) ddp_grad_ptr(d, m.index[g], &p);
+    return p;
+  };
+  for (int it = 0; it < iters; ++it) {
+    std::vector<size_t> order(m.numel.size());
+    for (size_t g = 0; g < m.numel.size(); ++g) {
+      order[g] = g;
+      for (size_t i = 0; i < m.numel[g]; ++i)
+        ref::store(m.copy[g].data(), i, m.dtype[g], int8_input(seed, g_rank, it, m, g, i));
+      grad_write(storage(g), m.copy[g]);
+    }
+    std::shuffle(order.begin(), order.end(), mine);
+    EXPECT_OK(ddp_begin_backward(d, nullptr));
+    for (size_t g : order) EXPECT_OK(ddp_grad_ready(d, m.index[g]));
+    EXPECT_OK(ddp_finish_backward(d, nullptr));
+    for (int b = 0; b < nb; ++b) {
+      const size_t bn = bucket_n[static_cast<size_t>(b)];
+      std::vector<std::vector<double>> xs(W, std::vector<double>(bn));
+      for (size_t g = 0; g < m.numel.size(); ++g)
+        if (m.bucket[g] == b)
+          for (int r = 0; r < g_world; ++r)
+            for (size_t i = 0; i < m.numel[g]; ++i)
+              xs[static_cast<size_t>(r)][m.offset[g] + i] = int8_input(seed, r, it, m, g, i);
+      const std::vector<double> want = int8_model::model_int8(
+          xs, res[static_cast<size_t>(b)], shard[static_cast<size_t>(b)], scatter, bucket_f32[static_cast<size_t>(b)]);
+      for (size_t g = 0; g < m.numel.size(); ++g) {
+        if (m.bucket[g] != b) continue;
+        const std::vector<char> got = grad_read(storage(g), m.copy[g].size());
+        for (size_t i = 0; i < m.numel[g]; ++i) {
+          const double v = ref::load(got.data(), i, m.dtype[g]), w = want[m.offset[g] + i];
+          if (!(v == w && std::signbit(v) == std::signbit(w))) {
+            char text[256];
+            std::snprintf(text, sizeof text,
+                          "iteration %d, bucket %d (%s, %zu elements, %s), grad %zu[%zu]: %.17g, the model %.17g", it,
+                          b, bucket_f32[static_cast<size_t>(b)] ? "f32" : "f64", bn,
+                          scatter ? "reduce-scatter" : "all-gather", g, i, v, w);
+            *why = text;
+            return false;
+          }
+        }
+      }
+    }
+  }
+  ddp_stats_t st;
+  st.size = sizeof st;
+  EXPECT_OK(ddp_get_stats(d, &st));
+  *sent = st.bytes_sent;
+  return true;
+}
+
+void test_int8_exact(uint64_t seed) {
+  for (int arena = 0; arena < 2; ++arena) {
+    const std::string name = arena ? " (arena)" : " (copy)";
+    const uint64_t s = seed + static_cast<uint64_t>(arena) * 7919;
+    std::string why;
+    uint64_t by_gather = 0, by_scatter = 0;
+    record("int8 exact: the all-gather equals the float64 model bit for bit" + name,
+           int8_exact_case(arena, 1 << 30, s, 4, &by_gather, &why), why);
+    why.clear();
+    record("int8 exact: the reduce-scatter equals the float64 model bit for bit" + name,
+           int8_exact_case(arena, 1, s, 4, &by_scatter, &why), why);
+    // At world 3 and above the reduce-scatter sends fewer bytes: 2 (world - 1) shards of a chunk of
+    // about chunk / world, against (world - 1) whole chunks.
+    why.clear();
+    bool ok = true;
+    if (kInt8Scatters && g_world >= 3 && !(by_scatter * 10 < by_gather * 9)) {
+      ok = false;
+      why = "bytes sent: reduce-scatter " + std::to_string(by_scatter) + ", all-gather " + std::to_string(by_gather);
+    }
+    if (g_world == 1 && (by_scatter != 0 || by_gather != 0)) {
+      ok = false;
+      why = "world 1 sent bytes";
+    }
+    record("int8 exact: the reduce-scatter's bytes stay a quarter of fp32's at any world size" + name, ok, why);
+  }
 }
 
 ddp_status_t int8_no_hook(const ddp_hook_bucket_t*, void*) { return DDP_SUCCESS; }
@@ -1044,6 +1192,7 @@ int main(int argc, char** argv) {
   test_join(seed + 1);
   test_compression(seed + 2);
   test_int8(seed + 4);
+  test_int8_exact(seed + 5);
   test_hooks(seed + 3);
   test_wire_bytes();
   test_host_mismatch();

@@ -465,6 +465,21 @@ void test_wire_knobs() {
     setenv("DDP_HOST_PIECE_BYTES", saved.c_str(), 1);
   else
     unsetenv("DDP_HOST_PIECE_BYTES");
+  // The int8 wire's choice of collectives: ranks that read different thresholds would post an
+  // all-gather against an all-to-all. Refused on every rank, naming the variable.
+  if (g_world > 1) {
+    std::string why;
+    setenv("DDP_INT8_SCATTER_MIN_WORLD", g_rank == g_world - 1 ? "2" : "3", 1);
+    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+    cfg.compression = DDP_COMPRESS_INT8;
+    ddp_t d = nullptr;
+    char needle[128];
+    std::snprintf(needle, sizeof needle, "DDP_INT8_SCATTER_MIN_WORLD is 3 on rank 0 but 2 on rank %d", g_world - 1);
+    const bool ok = expect_status(ddp_create(g_comm, &cfg, &d), DDP_ERR_MISMATCH, needle, &why);
+    ddp_destroy(d);
+    unsetenv("DDP_INT8_SCATTER_MIN_WORLD");
+    record("DDP_INT8_SCATTER_MIN_WORLD differing across ranks refused by ddp_create", ok, why);
+  }
 }
 
 // The last rank starts its backward pass a whole timeout late. Every other rank's DDP_ERR_TIMEOUT

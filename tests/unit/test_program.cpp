@@ -19,7 +19,7 @@ namespace {
 Capabilities host_caps() {
   Capabilities c;
   c.wire[static_cast<int>(Dtype::F32)] = c.wire[static_cast<int>(Dtype::F64)] = true;
-  c.sumscaled = true;
+  c.sumscaled = c.alltoall = true;
   for (int d = 0; d < kNumDtypes; ++d) c.piece_elems[d] = (size_t(1) << 16) / dtype_size(static_cast<Dtype>(d));
   return c;
 }
@@ -131,7 +131,18 @@ void check_case(const Case& c) {
     uint64_t bytes = b.staged ? staged_elems * dtype_size(wire) + direct_bytes : b.padded * dtype_size(bk.dtype);
     if (want == Collective::Int8) bytes = elem::int8_chunk_bytes(b.numel);
     CHECK(b.wire_bytes == bytes);
-    CHECK(b.int8_chunk == (want == Collective::Int8 ? bytes : 0));
+    // int8: a reduce-scatter from world 3 where the comm has an all-to-all (host comms), each rank's
+    // chunk then as large as the largest shard's; else an all-gather of whole chunks.
+    const bool scatter = want == Collective::Int8 && !c.nccl && c.world >= 3;
+    CHECK(b.int8_scatter == scatter);
+    size_t chunk = want == Collective::Int8 ? bytes : 0;
+    if (scatter) {
+      size_t most = 0;
+      for (int j = 0; j < c.world; ++j)
+        most = std::max(most, int8_shard(b.numel, c.world, j).hi - int8_shard(b.numel, c.world, j).lo);
+      chunk = elem::int8_chunk_bytes(most);
+    }
+    CHECK(b.int8_chunk == chunk);
     // Scaling: whatever is fused, pre x fused x post is apex's (1/f) x (f/divisor), or 1/f unaveraged;
     // with a hook 1 (the hook scales, as in torch DDP).
     const double want_factor = c.hook ? 1.0 : (1.0 / c.predivide) * (c.average ? c.predivide / c.divisor : 1.0);
@@ -216,4 +227,27 @@ TEST_CASE("program: the programs of two common set-ups, line by line") {
         "red=premulsum:0.5 pre=1 post=1 out=0..128 stage=0 wire_bytes=512 grouped\n"
         "b2 s0 f32>f32 in-place reduce-scatter n=1000 padded=1024 shard=512 packed=1000 direct=0 piece=0 "
         "red=premulsum:0.5 pre=1 post=1 out=0..512 stage=0 wire_bytes=4096 grouped\n");
+}
+
+TEST_CASE("int8 shards: whole blocks, in order, covering the bucket, as even as blocks allow") {
+  for (size_t n : {size_t(1), size_t(255), size_t(256), size_t(257), size_t(1000), size_t(4096), size_t(100003)})
+    for (int w = 1; w <= 9; ++w) {
+      INFO("n " << n << " world " << w);
+      const size_t blocks = elem::int8_blocks(n);
+      size_t at = 0, least = SIZE_MAX, most = 0;
+      for (int j = 0; j < w; ++j) {
+        const Span sh = int8_shard(n, w, j);
+        CHECK(sh.lo == at);
+        CHECK(sh.hi >= sh.lo);
+        CHECK((sh.lo % elem::kInt8Block == 0));
+        CHECK((sh.hi == n || sh.hi % elem::kInt8Block == 0));
+        const size_t b = elem::int8_blocks(sh.hi) - elem::int8_blocks(sh.lo);
+        least = std::min(least, b);
+        most = std::max(most, b);
+        at = sh.hi;
+      }
+      CHECK(at == n);
+      CHECK(most - least <= 1);
+      CHECK(most == (blocks + static_cast<size_t>(w) - 1) / static_cast<size_t>(w));
+    }
 }

@@ -128,8 +128,7 @@ class GlooRingLink final : public host::RingLink {
   int rank() const override { return ctx_.rank; }
   int size() const override { return ctx_.size; }
   void start(Deadline dl) { dl_ = dl; }
-  void exchange(const void* out, size_t sn, void* in, size_t rn) override {
-    const int right = (rank() + 1) % size(), left_rank = (rank() + size() - 1) % size();
+  void exchange_with(int right, const void* out, size_t sn, int left_rank, void* in, size_t rn) override {
     gloo::transport::UnboundBuffer *o = nullptr, *i = nullptr;
     // Posting throws too once a peer's connection has closed.
     gloo_call(w_, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank), [&] {
@@ -258,6 +257,13 @@ class GlooComm final : public Comm {
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
     if (size() == 1) return;
     run_ring(dl, [&](GlooRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); });
+  }
+
+  bool has_alltoall() const override { return true; }
+  void alltoall(const void* send, void* recv, size_t bytes, Stream&, Deadline dl) override {
+    run_ring(dl, [&](GlooRingLink& link) {
+      host::pairwise_alltoall(link, static_cast<const char*>(send), static_cast<char*>(recv), bytes);
+    });
   }
 
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {

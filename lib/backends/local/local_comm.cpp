@@ -163,6 +163,17 @@ class LocalComm final : public Comm {
     wire_bytes()->allgather(bytes, size());
   }
 
+  bool has_alltoall() const override { return true; }
+  void alltoall(const void* send, void* recv, size_t bytes, Stream&, Deadline dl) override {
+    post(send, bytes * static_cast<size_t>(size()), dl);
+    const size_t mine = static_cast<size_t>(rank_) * bytes;
+    for (int r = 0; r < size(); ++r)
+      std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes,
+                  static_cast<const char*>(channel_->posted[static_cast<size_t>(r)]) + mine, bytes);
+    barrier(dl);
+    wire_bytes()->alltoall(bytes, size());
+  }
+
   void broadcast(void* buf, size_t bytes, int root, void*, Deadline dl) override {
     broadcast_host(buf, bytes, root, dl);
   }

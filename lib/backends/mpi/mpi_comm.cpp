@@ -179,8 +179,7 @@ class MpiRingLink final : public host::RingLink {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool worker() const { return worker_; }
-  void exchange(const void* out, size_t sn, void* in, size_t rn) override {
-    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+  void exchange_with(int right, const void* out, size_t sn, int left, void* in, size_t rn) override {
     if (worker_) {
       DDP_MPI_CHECK(MPI_Sendrecv(out, static_cast<int>(sn), MPI_BYTE, right, kRingTag, in, static_cast<int>(rn),
                                  MPI_BYTE, left, kRingTag, comm_, MPI_STATUS_IGNORE));
@@ -418,6 +417,15 @@ class MpiComm final : public Comm {
     if (size_ == 1) return;
     run_ring([&](host::RingBuffer&, MpiRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); },
              dl);
+  }
+
+  bool has_alltoall() const override { return true; }
+  void alltoall(const void* send, void* recv, size_t bytes, Stream&, Deadline dl) override {
+    run_ring(
+        [&](host::RingBuffer&, MpiRingLink& link) {
+          host::pairwise_alltoall(link, static_cast<const char*>(send), static_cast<char*>(recv), bytes);
+        },
+        dl);
   }
 
   // ddp_broadcast: the caller's buffers, in place.
