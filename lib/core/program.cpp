@@ -72,6 +72,22 @@ void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, 
   }
 }
 
+// The int8 wire's exchange: a reduce-scatter where the comm can exchange with every rank and the
+// world is large enough that all-gathering every rank's chunk would cost more bytes (at world 2 both
+// move one chunk each way); each rank's chunk then holds a shard (the largest decides its size).
+void int8_exchange(BucketProgram& b, const ProgramSettings& s, const Capabilities& c) {
+  b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world);
+  size_t most = b.numel;
+  if (b.int8_scatter) {
+    most = 0;
+    for (int j = 0; j < s.world; ++j) {
+      const Span sh = int8_shard(b.numel, s.world, j);
+      most = std::max(most, sh.hi - sh.lo);
+    }
+  }
+  b.int8_chunk = elem::int8_chunk_bytes(most);
+}
+
 BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& specs, const ProgramSettings& s,
                              const Capabilities& c, int divisor) {
   BucketProgram b;
@@ -115,18 +131,7 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
     b.out = s.shard ? Span{lo, lo + b.shard_n} : Span{0, b.numel};
   }
   if (b.collective == Collective::Int8) {
-    // Reduce-scatter where the comm can exchange with every rank and the world is large enough that
-    // all-gathering every rank's chunk would cost more bytes (at world 2 both move one chunk each way).
-    b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world);
-    b.int8_chunk = elem::int8_chunk_bytes(b.numel);
-    if (b.int8_scatter) {
-      size_t most = 0;
-      for (int j = 0; j < s.world; ++j) {
-        const Span sh = int8_shard(b.numel, s.world, j);
-        most = std::max(most, sh.hi - sh.lo);
-      }
-      b.int8_chunk = elem::int8_chunk_bytes(most);
-    }
+    int8_exchange(b, s, c);
     b.wire_bytes = elem::int8_chunk_bytes(b.numel);  // the payload, whatever the collectives
   } else if (b.staged) {
     b.wire_bytes = b.stage_bytes + direct_bytes;

@@ -192,14 +192,16 @@ def compressed_wire():
     want = reference(9, 5000, np.float32, 1.0 / world)
     assert np.allclose(g, want, rtol=0, atol=(world + 3) / 256 * 2.0), np.abs(g - want).max()
     # int8 blocks: in a first iteration each rank's rounding is at most its block's largest magnitude
-    # / 254 (nothing is fed back yet); the average over the ranks is within the largest of them.
+    # / 254 (nothing is fed back yet); the average over the ranks is within the largest of them. From
+    # 3 ranks the wire reduce-scatters and re-quantizes each shard's sum: one more such rounding.
     g = data(9, rank, 5000, np.float32)
     with DDP(comm, compression="int8") as ddp:
         i = ddp.register(g)
         with ddp.backward():
             ddp.grad_ready(i)
     amax = max(np.abs(data(9, r, 5000, np.float32)).max() for r in range(world))
-    assert np.allclose(g, want, rtol=0, atol=amax * 1.01 / 254), np.abs(g - want).max()
+    roundings = 2 if world >= 3 else 1
+    assert np.allclose(g, want, rtol=0, atol=roundings * amax * 1.01 / 254), np.abs(g - want).max()
 
 
 for f in (copy_layout, arena_layout, arena_arrays_across_the_learned_plan, no_sync_accumulates, broadcast_from_root, host_collectives_and_join,
