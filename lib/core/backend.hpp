@@ -207,6 +207,19 @@ struct WireBytes {
   }
 };
 
+// An all-gather in rounds (Comm::allgather_rounds): round k all-gathers in place the size() chunks
+// of bytes(k) at buffer(k); fill(k) writes this rank's chunk before the round goes out and done(k)
+// reads the round's chunks once they arrived. The buffers of two consecutive rounds must not overlap.
+class AllgatherRounds {
+ public:
+  virtual ~AllgatherRounds() = default;
+  virtual size_t count() = 0;
+  virtual char* buffer(size_t k) = 0;
+  virtual size_t bytes(size_t k) = 0;
+  virtual void fill(size_t k) = 0;
+  virtual void done(size_t k) = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -239,6 +252,15 @@ class Comm {
   // chunk rank() of every other rank's `buf`.
   virtual void allgather(void* buf, size_t bytes, Stream& s, Deadline dl) {
     fail(DDP_ERR_UNSUPPORTED, "this communicator has no all-gather");
+  }
+  // All-gathers `rounds` round after round; host rings overlap each round's transfer with the
+  // previous round's done() and the next one's fill(). By default one round after another, whole.
+  virtual void allgather_rounds(AllgatherRounds& rounds, Stream& s, Deadline dl) {
+    for (size_t k = 0; k < rounds.count(); ++k) {
+      rounds.fill(k);
+      allgather(rounds.buffer(k), rounds.bytes(k), s, dl);
+      rounds.done(k);
+    }
   }
   // Whether alltoall is implemented (the int8 wire's reduce-scatter needs it).
   virtual bool has_alltoall() const { return false; }

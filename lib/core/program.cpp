@@ -75,9 +75,16 @@ void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, 
 // The int8 wire's exchange: a reduce-scatter where the comm can exchange with every rank and the
 // world is large enough that all-gathering every rank's chunk would cost more bytes (at world 2 both
 // move one chunk each way); each rank's chunk then holds a shard (the largest decides its size).
+// The all-gather goes in rounds of the host piece size (whole blocks), so that quantizing the next
+// round and summing the last overlap the transfer of this one; a chunk then holds one round.
 void int8_exchange(BucketProgram& b, const ProgramSettings& s, const Capabilities& c) {
   b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world);
   size_t most = b.numel;
+  const size_t piece = c.piece_elems[static_cast<int>(Dtype::F32)] / elem::kInt8Block * elem::kInt8Block;
+  if (!b.int8_scatter && piece > 0 && b.numel > piece) {
+    b.int8_piece = piece;
+    most = piece;
+  }
   if (b.int8_scatter) {
     most = 0;
     for (int j = 0; j < s.world; ++j) {

@@ -65,6 +65,7 @@ struct BucketProgram {
   size_t stage_bytes = 0;        // staging this bucket needs (bytes)
   size_t int8_chunk = 0;         // Int8: bytes of each rank's chunk (scatter: of each shard's, the largest)
   bool int8_scatter = false;     // Int8: reduce-scatter of int8 shards, re-quantize, all-gather
+  size_t int8_piece = 0;         // Int8 all-gather: elements per round (whole blocks; 0: the bucket whole)
   uint64_t wire_bytes = 0;       // bytes given to collectives per reduction (ddp_stats_t.bytes_reduced)
 };
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <thread>
 
+#include "kernels/elementwise.h"
+
 namespace ddp {
 
 // One step of a bucket's program, as a task of its own: the whole bucket (a host worker, or a GPU
@@ -226,7 +228,8 @@ void Reducer::alloc_int8() {
   std::vector<size_t> need(env_.streams.size(), 0);
   for (const BucketProgram& p : program_.buckets) {
     size_t& n = need[static_cast<size_t>(p.stream)];
-    n = std::max(n, p.int8_chunk * static_cast<size_t>(env_.program.world) * (p.int8_scatter ? 2 : 1));
+    // Two rounds' chunks, or (scatter) world shards to send and world to receive.
+    n = std::max(n, p.int8_chunk * static_cast<size_t>(env_.program.world) * (p.int8_scatter || p.int8_piece ? 2 : 1));
   }
   for (void* p : gather_) env_.device->release(p);
   env_.device->release(residual_);
@@ -255,11 +258,52 @@ void Reducer::clear_feedback() {
 void Reducer::int8_allreduce(int b, void* buf, size_t n) {
   auto [p, r, s, d, c] = work(b);
   if (p.int8_scatter) return int8_scatter_allreduce(b, buf, n);
+  if (p.int8_piece) return int8_gather_rounds(b, buf, n);
   char* all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   d.int8_quantize(buf, p.dtype, n, residual_ + r.residual_at,
                   all + static_cast<size_t>(env_.program.rank) * p.int8_chunk, s);
   c.allgather(all, p.int8_chunk, s, Deadline::after_ms(env_.timeout_ms));
   d.int8_dequant_sum(all, p.int8_chunk, env_.program.world, n, p.dtype, buf, s);
+}
+
+// The all-gather in rounds of p.int8_piece elements (whole blocks, so the bits are those of the
+// whole bucket's): round k's chunks in one of two halves of the stream's buffer, alternately, so
+// that the comm can quantize round k + 1 and sum round k - 1 while round k is on the wire.
+void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
+  struct Rounds final : AllgatherRounds {
+    Device* d;
+    Stream* s;
+    const BucketProgram* p;
+    char *x, *all;
+    float* residual;
+    size_t n, es;
+    int world, rank;
+    size_t count() override { return (n + p->int8_piece - 1) / p->int8_piece; }
+    char* buffer(size_t k) override { return all + (k % 2) * p->int8_chunk * static_cast<size_t>(world); }
+    size_t bytes(size_t k) override { return elem::int8_chunk_bytes(len(k)); }
+    size_t len(size_t k) const { return std::min(p->int8_piece, n - k * p->int8_piece); }
+    void fill(size_t k) override {
+      const size_t lo = k * p->int8_piece;
+      d->int8_quantize(x + lo * es, p->dtype, len(k), residual + lo, buffer(k) + static_cast<size_t>(rank) * bytes(k),
+                       *s);
+    }
+    void done(size_t k) override {
+      d->int8_dequant_sum(buffer(k), bytes(k), world, len(k), p->dtype, x + k * p->int8_piece * es, *s);
+    }
+  };
+  auto [p, r, s, d, c] = work(b);
+  Rounds rounds;
+  rounds.d = &d;
+  rounds.s = &s;
+  rounds.p = &p;
+  rounds.x = static_cast<char*>(buf);
+  rounds.all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
+  rounds.residual = residual_ + r.residual_at;
+  rounds.n = n;
+  rounds.es = dtype_size(p.dtype);
+  rounds.world = env_.program.world;
+  rounds.rank = env_.program.rank;
+  c.allgather_rounds(rounds, s, Deadline::after_ms(env_.timeout_ms));
 }
 
 // The int8 wire as a reduce-scatter: the bucket is cut into world shards of whole blocks

@@ -139,6 +139,7 @@ class Reducer {
   void reduce_in_place(int b, void* p, size_t n);
   void int8_allreduce(int b, void* buf, size_t n);
   void int8_scatter_allreduce(int b, void* buf, size_t n);
+  void int8_gather_rounds(int b, void* buf, size_t n);
   void alloc_int8();
   void* buffer(int b) const;  // what the collective runs on: the staging range or the arena storage
   const void* direct_source(const BucketProgram& p, const BucketRt& r, Span sp, size_t* seg) const;

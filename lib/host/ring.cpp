@@ -85,6 +85,62 @@ void ring_allgather(RingLink& link, char* buf, size_t bytes) {
   }
 }
 
+// Round k's chunks: chunk c at buffer(k) + c * bytes(k). Its first ring step is posted, then the
+// work that does not touch its buffer runs (the previous round's done, the next round's fill: each
+// round has a buffer of its own, the caller alternating two), then the remaining steps follow.
+void ring_allgather_rounds(RingLink& link, AllgatherRounds& rounds) {
+  const int w = link.size(), me = link.rank();
+  const size_t n = rounds.count();
+  auto chunk = [&](int k) { return static_cast<size_t>(((k % w) + w) % w); };
+  auto post_first = [&](size_t k) {
+    char* buf = rounds.buffer(k);
+    const size_t bytes = rounds.bytes(k);
+    link.post_with((me + 1) % w, buf + chunk(me) * bytes, bytes, (me + w - 1) % w, buf + chunk(me - 1) * bytes, bytes);
+    if (link.wire) link.wire->add(bytes, bytes);
+  };
+  auto finish = [&](size_t k) {  // the posted first step's end, then the others
+    link.wait_posted();
+    char* buf = rounds.buffer(k);
+    const size_t bytes = rounds.bytes(k);
+    for (int s = 1; s < w - 1; ++s)
+      exchange(link, buf + chunk(me - s) * bytes, bytes, buf + chunk(me - s - 1) * bytes, bytes);
+  };
+  if (n == 0) return;
+  rounds.fill(0);
+  if (w < 2) {
+    for (size_t k = 0; k < n; ++k) {
+      if (k + 1 < n) rounds.fill(k + 1);
+      rounds.done(k);
+    }
+    return;
+  }
+  post_first(0);
+  bool posted = true;
+  try {
+    if (n > 1) rounds.fill(1);
+    finish(0);
+    posted = false;
+    for (size_t k = 1; k < n; ++k) {
+      post_first(k);
+      posted = true;
+      rounds.done(k - 1);
+      if (k + 1 < n) rounds.fill(k + 1);
+      finish(k);
+      posted = false;
+    }
+  } catch (...) {
+    // The caller's buffers must not be released under a posted exchange.
+    if (posted) {
+      try {
+        link.wait_posted();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  rounds.done(n - 1);
+}
+
 void pairwise_alltoall(RingLink& link, const char* send, char* recv, size_t bytes) {
   const int w = link.size(), me = link.rank();
   const size_t at = static_cast<size_t>(me) * bytes;

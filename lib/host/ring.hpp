@@ -25,6 +25,13 @@ class RingLink {
   // Sends `out_bytes` from `out` to rank `to` while receiving `in_bytes` into `in` from rank `from`,
   // and returns when both are done. Throws (a timeout, a broken peer) naming the peer.
   virtual void exchange_with(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes) = 0;
+  // The same exchange in two halves, so that the caller can work while it is on the wire: post_with
+  // starts it (both buffers stay in use) and wait_posted returns when both directions are done. At
+  // most one exchange is posted at a time. By default post_with runs the whole exchange.
+  virtual void post_with(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes) {
+    exchange_with(to, out, out_bytes, from, in, in_bytes);
+  }
+  virtual void wait_posted() {}
   // The ring's step: to rank + 1, from rank - 1.
   void exchange(const void* out, size_t out_bytes, void* in, size_t in_bytes) {
     exchange_with((rank() + 1) % size(), out, out_bytes, (rank() + size() - 1) % size(), in, in_bytes);
@@ -53,6 +60,9 @@ void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dt
                          size_t piece_bytes);
 // In place over size() chunks of `bytes`: each rank's own chunk travels once around the ring.
 void ring_allgather(RingLink& link, char* buf, size_t bytes);
+// All-gathers in rounds with the work around each overlapped (core/backend.hpp, AllgatherRounds):
+// round k + 1's first exchange is posted before round k's done() and round k + 2's fill() run.
+void ring_allgather_rounds(RingLink& link, AllgatherRounds& rounds);
 // All-to-all of size() blocks of `bytes`: block j of `send` reaches rank j, and block i of `recv` is
 // rank i's block rank() (`send` and `recv` do not overlap). In size() - 1 steps, the k-th exchanging
 // with rank + k and rank - k, so every byte crosses the wire once: (size() - 1) blocks each way.

@@ -756,6 +756,9 @@ bool int8_exact_case(int arena, int min_world, uint64_t seed, int iters, uint64_
   cfg.compression = DDP_COMPRESS_INT8;
   cfg.gradient_average = 0;
   cfg.num_streams = 1 + static_cast<int>(shared() % 2);
+  // Small host pieces make the all-gather go in rounds of a few blocks (4096 bytes: 4 blocks).
+  const size_t pieces[] = {0, 4096, 8192, 20480};
+  cfg.host_piece_bytes = pieces[shared() % 4];
   cfg.timeout_ms = 30000;
   ddp_t d = nullptr;
   const ddp_status_t created = ddp_create(g_comm, &cfg, &d);

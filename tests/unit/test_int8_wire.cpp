@@ -1,7 +1,7 @@
 // The int8 wire's two collectives over in-process ranks (a local group): the all-gather of every
-// rank's chunk and the reduce-scatter (each rank sums and re-quantizes one shard), chosen by
-// DDP_INT8_SCATTER_MIN_WORLD, against the float64 model of the same quantization, bit for bit, at
-// 1 to 4 ranks; and what each sends.
+// rank's chunk (in rounds when the host pieces are smaller than the bucket) and the reduce-scatter (each rank sums and
+// re-quantizes one shard), chosen by DDP_INT8_SCATTER_MIN_WORLD, against the float64 model of the same quantization,
+// bit for bit, at 1 to 4 ranks; and what each sends.
 #include <doctest.h>
 
 #include <cstdlib>
@@ -21,6 +21,7 @@ struct Int8Run {
   std::vector<ddp_dtype_t> dtype;
   std::vector<double> mag;
   int arena = 0, iters = 3;
+  size_t piece_bytes = 0;  // config.host_piece_bytes: small ones make the all-gather go in rounds
   uint64_t seed = 0;
 };
 
@@ -37,6 +38,7 @@ bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, bool scatter, u
   cfg.message_size = 1 << 20;
   cfg.compression = DDP_COMPRESS_INT8;
   cfg.gradient_average = 0;
+  cfg.host_piece_bytes = m.piece_bytes;
   cfg.timeout_ms = 30000;
   ddp_t d = nullptr;
   if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
@@ -150,6 +152,10 @@ TEST_CASE("int8 wire: all-gather and reduce-scatter equal the float64 model bit 
         m.dtype.push_back(rng() % 3 ? DDP_F32 : DDP_F64);
         m.mag.push_back(std::ldexp(1.0, static_cast<int>(rng() % 17) - 8));
       }
+      // The all-gather whole and in rounds of 4 blocks (host pieces of 4096 bytes).
+      m.piece_bytes = 4096;
+      run_group(world, m, 1 << 30);
+      m.piece_bytes = 0;
       const uint64_t gather = run_group(world, m, 1 << 30);
       const uint64_t scatter = run_group(world, m, 1);
       if (world == 1) {

@@ -132,7 +132,8 @@ void check_case(const Case& c) {
     if (want == Collective::Int8) bytes = elem::int8_chunk_bytes(b.numel);
     CHECK(b.wire_bytes == bytes);
     // int8: a reduce-scatter from world 3 where the comm has an all-to-all (host comms), each rank's
-    // chunk then as large as the largest shard's; else an all-gather of whole chunks.
+    // chunk then as large as the largest shard's; else an all-gather of whole chunks (on host comms in
+    // rounds of the host piece).
     const bool scatter = want == Collective::Int8 && !c.nccl && c.world >= 3;
     CHECK(b.int8_scatter == scatter);
     size_t chunk = want == Collective::Int8 ? bytes : 0;
@@ -142,6 +143,11 @@ void check_case(const Case& c) {
         most = std::max(most, int8_shard(b.numel, c.world, j).hi - int8_shard(b.numel, c.world, j).lo);
       chunk = elem::int8_chunk_bytes(most);
     }
+    // The host all-gather goes in rounds of the host piece (whole blocks) when the bucket is larger.
+    const size_t round = caps.piece_elems[static_cast<int>(Dtype::F32)] / 256 * 256;
+    const bool rounds = want == Collective::Int8 && !scatter && round > 0 && b.numel > round;
+    CHECK(b.int8_piece == (rounds ? round : 0));
+    if (rounds) chunk = elem::int8_chunk_bytes(round);
     CHECK(b.int8_chunk == chunk);
     // Scaling: whatever is fused, pre x fused x post is apex's (1/f) x (f/divisor), or 1/f unaveraged;
     // with a hook 1 (the hook scales, as in torch DDP).

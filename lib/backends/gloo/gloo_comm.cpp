@@ -129,16 +129,27 @@ class GlooRingLink final : public host::RingLink {
   int size() const override { return ctx_.size; }
   void start(Deadline dl) { dl_ = dl; }
   void exchange_with(int right, const void* out, size_t sn, int left_rank, void* in, size_t rn) override {
-    gloo::transport::UnboundBuffer *o = nullptr, *i = nullptr;
+    post_with(right, out, sn, left_rank, in, rn);
+    wait_posted();
+  }
+  // Gloo's unbound buffers move the bytes on its own event loop: the exchange goes on while the
+  // caller works.
+  void post_with(int right, const void* out, size_t sn, int left_rank, void* in, size_t rn) override {
+    o_ = i_ = nullptr;
+    to_ = right, from_ = left_rank;
     // Posting throws too once a peer's connection has closed.
     gloo_call(w_, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank), [&] {
-      o = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
-      i = rn ? buffer(in, rn) : nullptr;
-      if (i) i->recv(left_rank, kRingSlot);
-      if (o) o->send(right, kRingSlot);
+      o_ = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
+      i_ = rn ? buffer(in, rn) : nullptr;
+      if (i_) i_->recv(left_rank, kRingSlot);
+      if (o_) o_->send(right, kRingSlot);
     });
-    if (i) wait(left_rank, "receive from", [&] { return i->waitRecv(left(dl_)); });
-    if (o) wait(right, "send to", [&] { return o->waitSend(left(dl_)); });
+  }
+  void wait_posted() override {
+    gloo::transport::UnboundBuffer *o = o_, *i = i_;
+    o_ = i_ = nullptr;
+    if (i) wait(from_, "receive from", [&] { return i->waitRecv(left(dl_)); });
+    if (o) wait(to_, "send to", [&] { return o->waitSend(left(dl_)); });
   }
 
  private:
@@ -162,6 +173,8 @@ class GlooRingLink final : public host::RingLink {
   const GlooWorld& w_;
   gloo::Context& ctx_;
   Deadline dl_;
+  gloo::transport::UnboundBuffer *o_ = nullptr, *i_ = nullptr;  // the posted exchange's
+  int to_ = 0, from_ = 0;
   std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::transport::UnboundBuffer>> cache_;
 };
 
@@ -257,6 +270,11 @@ class GlooComm final : public Comm {
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
     if (size() == 1) return;
     run_ring(dl, [&](GlooRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); });
+  }
+
+  void allgather_rounds(AllgatherRounds& rounds, Stream& s, Deadline dl) override {
+    if (size() == 1) return Comm::allgather_rounds(rounds, s, dl);
+    run_ring(dl, [&](GlooRingLink& link) { host::ring_allgather_rounds(link, rounds); });
   }
 
   bool has_alltoall() const override { return true; }

@@ -185,11 +185,22 @@ class MpiRingLink final : public host::RingLink {
                                  MPI_BYTE, left, kRingTag, comm_, MPI_STATUS_IGNORE));
       return;
     }
-    MPI_Request req[2];
-    DDP_MPI_CHECK(MPI_Irecv(in, static_cast<int>(rn), MPI_BYTE, left, kRingTag, comm_, &req[0]));
-    DDP_MPI_CHECK(MPI_Isend(out, static_cast<int>(sn), MPI_BYTE, right, kRingTag, comm_, &req[1]));
-    wait_request(&req[0], dl_, "MPI ring allreduce (receive)");
-    wait_request(&req[1], dl_, "MPI ring allreduce (send)");
+    post_with(right, out, sn, left, in, rn);
+    wait_posted();
+  }
+  // Nonblocking halves; on a worker the wait blocks in MPI (no polling), elsewhere it polls against
+  // the deadline.
+  void post_with(int right, const void* out, size_t sn, int left, void* in, size_t rn) override {
+    DDP_MPI_CHECK(MPI_Irecv(in, static_cast<int>(rn), MPI_BYTE, left, kRingTag, comm_, &req_[0]));
+    DDP_MPI_CHECK(MPI_Isend(out, static_cast<int>(sn), MPI_BYTE, right, kRingTag, comm_, &req_[1]));
+  }
+  void wait_posted() override {
+    if (worker_) {
+      DDP_MPI_CHECK(MPI_Waitall(2, req_, MPI_STATUSES_IGNORE));
+      return;
+    }
+    wait_request(&req_[0], dl_, "MPI ring allreduce (receive)");
+    wait_request(&req_[1], dl_, "MPI ring allreduce (send)");
   }
 
  private:
@@ -197,6 +208,7 @@ class MpiRingLink final : public host::RingLink {
   int rank_, size_;
   bool worker_;
   Deadline dl_;
+  MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
 // The stall inspector's exchange (see Prober): a communicator of its own; a thread that answers
@@ -417,6 +429,11 @@ class MpiComm final : public Comm {
     if (size_ == 1) return;
     run_ring([&](host::RingBuffer&, MpiRingLink& link) { host::ring_allgather(link, static_cast<char*>(buf), bytes); },
              dl);
+  }
+
+  void allgather_rounds(AllgatherRounds& rounds, Stream& s, Deadline dl) override {
+    if (size_ == 1) return Comm::allgather_rounds(rounds, s, dl);
+    run_ring([&](host::RingBuffer&, MpiRingLink& link) { host::ring_allgather_rounds(link, rounds); }, dl);
   }
 
   bool has_alltoall() const override { return true; }
