@@ -268,12 +268,15 @@ void Reducer::int8_allreduce(int b, void* buf, size_t n) {
 
 // The all-gather in rounds of p.int8_piece elements (whole blocks, so the bits are those of the
 // whole bucket's): round k's chunks in one of two halves of the stream's buffer, alternately, so
-// that the comm can quantize round k + 1 and sum round k - 1 while round k is on the wire.
+// that the comm can quantize round k + 1 and sum round k - 1 while round k is on the wire. Each round
+// packs (or pre-scales) its elements just before quantizing them and unpacks (or post-scales) them
+// just after summing, while they are in cache: the passes step_in and step_out leave to it.
 void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
   struct Rounds final : AllgatherRounds {
     Device* d;
     Stream* s;
     const BucketProgram* p;
+    SegmentTable* table;  // staged: the grads packed into x
     char *x, *all;
     float* residual;
     size_t n, es;
@@ -284,11 +287,20 @@ void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
     size_t len(size_t k) const { return std::min(p->int8_piece, n - k * p->int8_piece); }
     void fill(size_t k) override {
       const size_t lo = k * p->int8_piece;
+      if (p->staged)
+        d->pack(*table, p->dtype, x, p->wire, p->pre, Span{lo, lo + len(k)}, *s);
+      else
+        d->scale(x + lo * es, len(k), p->dtype, p->pre, *s);
       d->int8_quantize(x + lo * es, p->dtype, len(k), residual + lo, buffer(k) + static_cast<size_t>(rank) * bytes(k),
                        *s);
     }
     void done(size_t k) override {
-      d->int8_dequant_sum(buffer(k), bytes(k), world, len(k), p->dtype, x + k * p->int8_piece * es, *s);
+      const size_t lo = k * p->int8_piece;
+      d->int8_dequant_sum(buffer(k), bytes(k), world, len(k), p->dtype, x + lo * es, *s);
+      if (p->staged)
+        d->unpack(x, p->wire, *table, p->dtype, p->post, Span{lo, lo + len(k)}, *s);
+      else
+        d->scale(x + lo * es, len(k), p->dtype, p->post, *s);
     }
   };
   auto [p, r, s, d, c] = work(b);
@@ -296,6 +308,7 @@ void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
   rounds.d = &d;
   rounds.s = &s;
   rounds.p = &p;
+  rounds.table = &r.packed;
   rounds.x = static_cast<char*>(buf);
   rounds.all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   rounds.residual = residual_ + r.residual_at;
@@ -488,6 +501,12 @@ void Reducer::launch_grouped(int first, int last) {
 void Reducer::step_in(int b) {
   auto [p, r, s, d, c] = work(b);
   r.start_ns = now_ns();
+  if (p.int8_piece) {  // the int8 rounds pack and scale each round themselves, while it is in cache
+    if (!p.staged)
+      for (Segment& seg : r.packed.segs)
+        if (seg.zero) d.fill_zero(seg.ptr, seg.numel, p.dtype, s);
+    return;
+  }
   if (p.staged) {
     if (!r.packed.segs.empty()) d.pack(r.packed, p.dtype, staging(b), p.wire, p.pre, Span{0, p.packed}, s);
     for (Segment& seg : r.direct.segs) {
@@ -533,15 +552,16 @@ void Reducer::step_out(int b) {
   auto [p, r, s, d, c] = work(b);
   if (p.staged) {
     // Sharded: the whole staging buffer goes back (outside the shard the values are unspecified
-    // anyway), but only the shard is scanned.
-    if (!r.packed.segs.empty()) d.unpack(staging(b), p.wire, r.packed, p.dtype, p.post, Span{0, p.packed}, s);
+    // anyway), but only the shard is scanned. The int8 rounds unpacked each round already.
+    if (!r.packed.segs.empty() && !p.int8_piece)
+      d.unpack(staging(b), p.wire, r.packed, p.dtype, p.post, Span{0, p.packed}, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, p.dtype, p.post, s);
     size_t cursor = 0;
     scan_packed(b, p.out, &cursor);
     for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
   } else {
     char* mine = r.base + p.out.lo * dtype_size(p.dtype);
-    d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
+    if (!p.int8_piece) d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
     scan(b, mine, p.out.hi - p.out.lo);
   }
   account(b);

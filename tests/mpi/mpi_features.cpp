@@ -623,6 +623,7 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
   cfg.compression = compression;
   cfg.gradient_predivide_factor = shared() % 2 ? 1.0 : 3.0;
   cfg.num_streams = 1 + static_cast<int>(shared() % 2);
+  cfg.host_piece_bytes = shared() % 2 ? 0 : 4096;  // the all-gather in rounds of 4 blocks, scaled per round
   cfg.timeout_ms = 30000;
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
