@@ -100,12 +100,15 @@ typedef enum ddp_op {
 typedef enum ddp_compression {
   /* In the grads' own type (16-bit grads: see allreduce_always_fp32). */
   DDP_COMPRESS_NONE = 0,
-  /* f32 and f64 buckets travel as bfloat16: half the bytes (a quarter for f64). The grads are cast
-   * once on the way in (with the pre-scale), each addition is done in fp32 math and rounded to
-   * bfloat16 for the next hop, and the sum is cast back once on the way out. So every reduced value
-   * is the uncompressed result within a few bfloat16 roundings (relative 2^-8 each): one for the
-   * inputs, one per hop of the sum (world size - 1 at most) and one for the result. 16-bit grads
-   * travel as they are. */
+  /* f32 and f64 buckets travel as bfloat16: half the bytes (a quarter for f64). On host
+   * communicators (MPI, Gloo) an f32 bucket is reduced as f32 and only what crosses the wire is
+   * bfloat16: each hop sends its fp32 partial sum rounded to bfloat16 and the receiver adds it in
+   * fp32; the rank that finishes a chunk rounds it to bfloat16 once, and every rank gets those bits.
+   * Elsewhere (NCCL, f64 buckets) the grads are cast once on the way in (with the pre-scale), each
+   * addition is done in fp32 math and rounded to bfloat16 for the next hop, and the sum is cast back
+   * once on the way out. Either way every reduced value is the uncompressed result within a few
+   * bfloat16 roundings (relative 2^-8 each): one per hop of the sum (world size - 1 at most), one for
+   * the result, and on the second path one for the inputs. 16-bit grads travel as they are. */
   DDP_COMPRESS_BF16 = 1,
   /* The same with IEEE binary16: 3 more bits of precision, range +-65504 (scale the loss so that no
    * grad or partial sum overflows; an overflow is an Inf, never hidden). */

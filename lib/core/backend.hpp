@@ -242,6 +242,15 @@ class Comm {
   // `s`. `send == recv` reduces in place; otherwise the two do not overlap and `send` is only read
   // (a copy-layout piece that lies in one grad goes straight from the grad, with no pack).
   virtual void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) = 0;
+  // Whether allreduce_as is implemented (host comms: the 16-bit wires cast inside the ring).
+  virtual bool can_cast_ring() const { return false; }
+  // Allreduce of `n` f32 elements (`d` is F32) whose bytes travel as the 16-bit `wire`: partial sums
+  // stay f32, every rank's contribution is rounded to the wire where it is sent, and the result is
+  // rounded to the wire once (then widened): the same values on every rank. As allreduce otherwise.
+  virtual void allreduce_as(const void* send, void* recv, size_t n, Dtype d, Dtype wire, Reduction red, Stream& s,
+                            Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "this communicator cannot cast inside its allreduce");
+  }
   // Sharded reduction, in place, in stream order on `s`. `buf` holds size() chunks of `m` elements;
   // afterwards chunk rank() holds the reduction over ranks of every rank's chunk rank(), and the other
   // chunks hold unspecified values. The same bytes cross the wire as in allreduce's first half.

@@ -95,6 +95,21 @@ void int8_exchange(BucketProgram& b, const ProgramSettings& s, const Capabilitie
   b.int8_chunk = elem::int8_chunk_bytes(most);
 }
 
+// The type the collective sums: 16-bit grads as they are where the engine sums them (else f32);
+// f32 and f64 ones compressed (every host comm sums 16 bits). Host comms cast f32 inside the ring: the
+// bucket is then reduced as an f32 one (in place, in pieces, its large grads direct) with only the
+// bytes on the wire in 16 bits.
+void choose_wire(BucketProgram& b, const ProgramSettings& s, const Capabilities& c) {
+  const bool wide = !is_16bit(b.dtype);
+  b.wire = !wide && (s.always_fp32 || !c.wire[static_cast<int>(b.dtype)]) ? Dtype::F32 : b.dtype;
+  if (s.compress && wide) b.wire = s.compress_wire;
+  b.ring_cast = s.compress && b.dtype == Dtype::F32 && c.cast_ring && !s.shard && !s.hook && !s.int8;
+  if (b.ring_cast) {
+    b.send = b.wire;
+    b.wire = Dtype::F32;
+  }
+}
+
 BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& specs, const ProgramSettings& s,
                              const Capabilities& c, int divisor) {
   BucketProgram b;
@@ -102,8 +117,7 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
   b.dtype = bk.dtype;
   b.numel = bk.numel;
   const bool wide = !is_16bit(bk.dtype);
-  b.wire = !wide && (s.always_fp32 || !c.wire[static_cast<int>(bk.dtype)]) ? Dtype::F32 : bk.dtype;
-  if (s.compress && wide) b.wire = s.compress_wire;  // every host comm sums 16 bits
+  choose_wire(b, s, c);
   b.collective = s.hook             ? Collective::Hook
                  : (s.int8 && wide) ? Collective::Int8
                  : s.shard          ? Collective::ReduceScatter
@@ -140,6 +154,8 @@ BucketProgram compile_bucket(const Bucket& bk, const std::vector<GradSpec>& spec
   if (b.collective == Collective::Int8) {
     int8_exchange(b, s, c);
     b.wire_bytes = elem::int8_chunk_bytes(b.numel);  // the payload, whatever the collectives
+  } else if (b.ring_cast) {
+    b.wire_bytes = (b.packed + direct_bytes / dtype_size(bk.dtype)) * dtype_size(b.send);
   } else if (b.staged) {
     b.wire_bytes = b.stage_bytes + direct_bytes;
   } else {
@@ -167,6 +183,7 @@ Capabilities Capabilities::of(const Comm& c, size_t piece_bytes, bool inline_str
   k.sumscaled = c.supports(RedOp::SumScaled);
   k.group = c.can_group() && inline_streams;
   k.alltoall = c.has_alltoall();
+  k.cast_ring = c.can_cast_ring();
   return k;
 }
 
@@ -194,11 +211,12 @@ std::string describe(const Program& p) {
     for (bool d : b.direct) direct += d ? 1 : 0;
     out += format(
         "b%zu s%d %s>%s %s %s n=%zu padded=%zu shard=%zu packed=%zu direct=%zu piece=%zu red=%s:%g pre=%g "
-        "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s%s\n",
+        "post=%g out=%zu..%zu stage=%zu wire_bytes=%llu%s%s%s\n",
         i, b.stream, dtype_name(b.dtype), dtype_name(b.wire), b.staged ? "staged" : "in-place",
         collective_name(b.collective), b.numel, b.padded, b.shard_n, b.packed, direct, b.piece, op_name(b.red.op),
         b.red.factor, b.pre, b.post, b.out.lo, b.out.hi, b.stage_bytes, static_cast<unsigned long long>(b.wire_bytes),
-        b.int8_scatter ? " scatter" : "", p.group ? " grouped" : "");
+        b.int8_scatter ? " scatter" : "", b.ring_cast ? (b.send == Dtype::F16 ? " send=f16" : " send=bf16") : "",
+        p.group ? " grouped" : "");
   }
   return out;
 }

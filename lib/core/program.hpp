@@ -39,6 +39,7 @@ struct Capabilities {
   size_t piece_elems[kNumDtypes] = {};  // host pieces per wire type (0: whole buckets)
   bool group = false;                   // several buckets' collectives as one group (GPU streams)
   bool alltoall = false;                // Comm::alltoall (the int8 wire's reduce-scatter)
+  bool cast_ring = false;               // Comm::allreduce_as (16-bit wires cast inside the ring)
   static Capabilities of(const Comm& c, size_t piece_bytes, bool inline_streams);
 };
 
@@ -49,6 +50,10 @@ struct BucketProgram {
   int stream = 0;
   Dtype dtype = Dtype::F32;  // the grads'
   Dtype wire = Dtype::F32;   // what the collective sums (int8: the grads' type, quantized inside)
+  // Host comms: an f32 bucket on a 16-bit wire sums in f32 (wire F32) and sends `send` (the 16-bit
+  // type) inside the ring (Comm::allreduce_as): no pass casts the whole bucket in or out.
+  bool ring_cast = false;
+  Dtype send = Dtype::F32;
   // Staged: the grads are packed (cast, pre-scaled) into a staging buffer and unpacked after; else
   // the collective runs on the bucket's own arena storage, scaled in place.
   bool staged = false;

@@ -10,6 +10,17 @@
 
 namespace ddp {
 
+namespace {
+// A bucket's allreduce: f32 elements whose bytes travel in 16 bits cast inside the host ring
+// (BucketProgram::ring_cast), anything else as the comm's plain allreduce.
+void allreduce(const BucketProgram& p, Comm& c, Stream& s, const void* from, void* to, size_t n, Dtype d, Deadline dl) {
+  if (p.ring_cast)
+    c.allreduce_as(from, to, n, d, p.send, p.red, s, dl);
+  else
+    c.allreduce(from, to, n, d, p.red, s, dl);
+}
+}  // namespace
+
 // One step of a bucket's program, as a task of its own: the whole bucket (a host worker, or a GPU
 // bucket launched alone), or one of the steps a grouped GPU launch interleaves across buckets.
 struct Reducer::StepTask final : Task {
@@ -541,8 +552,8 @@ void Reducer::step_collectives(int b, bool own_group) {
   const bool packed = !p.staged || !r.packed.segs.empty();
   const bool group = own_group && (packed ? 1u : 0u) + r.direct.segs.size() > 1;
   if (group) c.group_start();
-  if (packed) c.allreduce(buf, buf, n, p.wire, p.red, s, dl);
-  for (Segment& seg : r.direct.segs) c.allreduce(seg.ptr, seg.ptr, seg.numel, p.dtype, p.red, s, dl);
+  if (packed) allreduce(p, c, s, buf, buf, n, p.wire, dl);
+  for (Segment& seg : r.direct.segs) allreduce(p, c, s, seg.ptr, seg.ptr, seg.numel, p.dtype, dl);
   if (group) c.group_end();
 }
 
@@ -626,7 +637,7 @@ void Reducer::pieces(int b) {
         d.pack(r.packed, p.dtype, st, p.wire, p.pre, sp, s);
         from = st + lo * ws;
       }
-      c.allreduce(from, st + lo * ws, sp.hi - lo, p.wire, p.red, s, dl);
+      allreduce(p, c, s, from, st + lo * ws, sp.hi - lo, p.wire, dl);
       d.unpack(st, p.wire, r.packed, p.dtype, p.post, sp, s);
       scan_packed(b, sp, &cursor);
     }
@@ -662,7 +673,7 @@ void Reducer::reduce_in_place(int b, void* ptr, size_t n) {
     char* at = static_cast<char*>(ptr) + lo * es;
     const size_t k = std::min(p.piece, n - lo);
     d.scale(at, k, p.dtype, p.pre, s);
-    c.allreduce(at, at, k, p.dtype, p.red, s, dl);
+    allreduce(p, c, s, at, at, k, p.dtype, dl);
     d.scale(at, k, p.dtype, p.post, s);
     scan(b, at, k);
   }

@@ -104,7 +104,10 @@ class Reducer {
   uint64_t arena_bytes() const { return arena_bytes_; }
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
-  Dtype wire(int b) const { return program_.buckets[static_cast<size_t>(b)].wire; }
+  Dtype wire(int b) const {
+    const BucketProgram& p = program_.buckets[static_cast<size_t>(b)];
+    return p.ring_cast ? p.send : p.wire;
+  }
   const Program& program() const { return program_; }
   // Where stream `stream` stands: "iteration I, bucket b of n (stream s): " for its first launched
   // bucket that has not finished.

@@ -144,6 +144,34 @@ void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, doub
   }
 }
 
+// In blocks that stay in L1, through the casts and sums above (so the bits are theirs, on the SIMD
+// and the portable path alike).
+void add_widened(const float* a, const void* b, Dtype wire, float* out, size_t n, double scale, void* bits) {
+  constexpr size_t kBlock = 2048;
+  float tmp[kBlock];
+  const size_t ws = dtype_size(wire);
+  for (size_t lo = 0; lo < n; lo += kBlock) {
+    const size_t k = std::min(kBlock, n - lo);
+    convert(static_cast<const char*>(b) + lo * ws, wire, tmp, Dtype::F32, k, 1.0);
+    sum_scaled(a + lo, tmp, out + lo, k, Dtype::F32, scale);
+    if (bits) {
+      char* w = static_cast<char*>(bits) + lo * ws;
+      convert(out + lo, Dtype::F32, w, wire, k, 1.0);
+      convert(w, wire, out + lo, Dtype::F32, k, 1.0);
+    }
+  }
+}
+
+void round_through(const float* in, float* out, size_t n, Dtype wire, double scale) {
+  constexpr size_t kBlock = 2048;
+  uint16_t tmp[kBlock];
+  for (size_t lo = 0; lo < n; lo += kBlock) {
+    const size_t k = std::min(kBlock, n - lo);
+    convert(in + lo, Dtype::F32, tmp, wire, k, scale);
+    convert(tmp, wire, out + lo, Dtype::F32, k, 1.0);
+  }
+}
+
 // One "thread" over every block: the GPU kernel's body (kern::int8_quantize_thread), run on the host.
 template <class T>
 static void int8_quantize_typed(const void* x, size_t n, float* residual, void* chunk) {

@@ -15,6 +15,13 @@ void convert(const void* src, Dtype s, void* dst, Dtype d, size_t n, double scal
 // out[i] = (a[i] + b[i]) * scale for n elements (elem::sum_scaled; a scale of 1 is a plain sum). out
 // may be a; b overlaps neither.
 void sum_scaled(const void* a, const void* b, void* out, size_t n, Dtype d, double scale);
+// The 16-bit wires cast inside the host ring (the partial sums stay f32, only the bytes on the wire
+// are 16 bits): out[i] = (a[i] + f32(b[i])) * scale in f32 math, each step rounded, for b in the
+// 16-bit `wire` (a scale of 1 is a plain sum; out may be a). With `bits`, out[i] is then rounded to
+// the wire's precision, and its 16 bits are written to bits[i].
+void add_widened(const float* a, const void* b, Dtype wire, float* out, size_t n, double scale, void* bits);
+// out[i] = f32(wire(in[i] * scale)): a value as it comes out of a 16-bit wire (in may be out).
+void round_through(const float* in, float* out, size_t n, Dtype wire, double scale);
 // The int8 wire (elem::int8_quantize_block): x's n elements (F32 or F64) plus `residual` into the
 // chunk of elem::int8_chunk_bytes(n) bytes, block after block; residual becomes what was not sent.
 void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk);

@@ -52,6 +52,47 @@ void ring_allreduce(RingLink& link, RingBuffer& rb, const void* send, void* recv
   }
 }
 
+// As ring_allreduce, with two wire-typed buffers of a chunk each: `out` holds what goes to the right
+// (the cast partial sum; in the all-gather, the chunk to pass on), `in` what came from the left.
+void ring_allreduce_cast(RingLink& link, RingBuffer& rb, const float* send, float* recv, size_t n, Dtype wire,
+                         double factor) {
+  const size_t ws = dtype_size(wire);
+  const int w = link.size(), me = link.rank();
+  auto lo = [&](int c) { return n * static_cast<size_t>(c) / static_cast<size_t>(w); };
+  auto len = [&](int c) { return lo(c + 1) - lo(c); };
+  auto chunk = [&](int k) { return ((k % w) + w) % w; };
+  const size_t most = (n + static_cast<size_t>(w) - 1) / static_cast<size_t>(w);
+  char* out = rb.ensure(2 * most * ws);
+  char* in = out + most * ws;
+  for (int s = 0; s < w - 1; ++s) {
+    const int o = chunk(me - s), i = chunk(me - s - 1);
+    convert((s == 0 ? send : recv) + lo(o), Dtype::F32, out, wire, len(o), 1.0);
+    exchange(link, out, len(o) * ws, in, len(i) * ws);
+    const bool last = s == w - 2;  // chunk i is finished: scale it, round it, keep its bits to send
+    host::add_widened(send + lo(i), in, wire, recv + lo(i), len(i), last ? factor : 1.0, last ? out : nullptr);
+  }
+  for (int s = 0; s < w - 1; ++s) {
+    const int o = chunk(me + 1 - s), i = chunk(me - s);
+    exchange(link, out, len(o) * ws, in, len(i) * ws);
+    convert(in, wire, recv + lo(i), Dtype::F32, len(i), 1.0);
+    std::swap(out, in);
+  }
+}
+
+void gathered_allreduce_cast(RingLink& link, RingBuffer& rb, const float* send, float* recv, size_t n, Dtype wire,
+                             double factor) {
+  const size_t bytes = n * dtype_size(wire);
+  const int w = link.size();
+  char* all = rb.ensure(bytes * static_cast<size_t>(w));
+  char* mine = all + static_cast<size_t>(link.rank()) * bytes;
+  convert(send, Dtype::F32, mine, wire, n, 1.0);
+  ring_allgather(link, all, bytes);
+  convert(all, wire, recv, Dtype::F32, n, 1.0);
+  for (int r = 1; r < w; ++r)  // this rank's own bits are no longer needed: the last add rounds into them
+    host::add_widened(recv, all + static_cast<size_t>(r) * bytes, wire, recv, n, r == w - 1 ? factor : 1.0,
+                      r == w - 1 ? mine : nullptr);
+}
+
 // In pieces of each chunk: at step s a rank passes its partial sum of chunk (rank - s - 1) to the
 // right and adds the one it receives, chunk (rank - s - 2), into buf; at the last step that is its
 // own chunk, which then holds every contribution, and the same pass scales it.

@@ -54,6 +54,16 @@ constexpr size_t kRingMaxBytes = size_t(64) << 20;
 // recv = factor * (the sum over ranks of send), n elements (n >= size, n * dtype <= kRingMaxBytes).
 // `send == recv` reduces in place.
 void ring_allreduce(RingLink& link, RingBuffer& rb, const void* send, void* recv, size_t n, Dtype d, double factor);
+// The same for an f32 buffer whose bytes travel as the 16-bit `wire`: each reduce-scatter step sends
+// its partial sums cast to the wire and adds what it receives, widened, into f32; the rank that
+// finishes a chunk scales it and rounds it to the wire once, and the all-gather carries those 16
+// bits, so every rank ends with the same values (n >= size).
+void ring_allreduce_cast(RingLink& link, RingBuffer& rb, const float* send, float* recv, size_t n, Dtype wire,
+                         double factor);
+// Below the ring's sizes: every rank's elements cast to the wire, all-gathered around the ring, and
+// summed (widened, in f32) in rank order; the sum is scaled and rounded to the wire once.
+void gathered_allreduce_cast(RingLink& link, RingBuffer& rb, const float* send, float* recv, size_t n, Dtype wire,
+                             double factor);
 // In place over size() chunks of m elements (chunk c at buf + c * m): afterwards chunk rank() holds
 // factor * the sum of every rank's chunk rank(). In pieces of about `piece_bytes` per exchange.
 void ring_reduce_scatter(RingLink& link, RingBuffer& rb, char* buf, size_t m, Dtype d, double factor,

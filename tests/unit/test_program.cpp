@@ -19,7 +19,7 @@ namespace {
 Capabilities host_caps() {
   Capabilities c;
   c.wire[static_cast<int>(Dtype::F32)] = c.wire[static_cast<int>(Dtype::F64)] = true;
-  c.sumscaled = c.alltoall = true;
+  c.sumscaled = c.alltoall = c.cast_ring = true;
   for (int d = 0; d < kNumDtypes; ++d) c.piece_elems[d] = (size_t(1) << 16) / dtype_size(static_cast<Dtype>(d));
   return c;
 }
@@ -86,13 +86,22 @@ void check_case(const Case& c) {
     Dtype wire = bk.dtype;
     if (!wide && (c.always_fp32 || !c.nccl)) wire = Dtype::F32;
     if (wide && s.compress) wire = s.compress_wire;
-    CHECK(b.wire == wire);
-    CHECK(b.staged == (!c.arena || wire != bk.dtype));
     const Collective want = c.hook             ? Collective::Hook
                             : (s.int8 && wide) ? Collective::Int8
                             : c.shard          ? Collective::ReduceScatter
                                                : Collective::AllReduce;
     CHECK(b.collective == want);
+    // Host comms cast f32 buckets to the 16-bit wire inside the ring: the bucket is then an f32 one
+    // whose ring sends 16 bits.
+    const bool ring_cast = !c.nccl && s.compress && bk.dtype == Dtype::F32 && want == Collective::AllReduce;
+    CHECK(b.ring_cast == ring_cast);
+    const Dtype sent = wire;
+    if (ring_cast) {
+      CHECK(b.send == wire);
+      wire = Dtype::F32;
+    }
+    CHECK(b.wire == wire);
+    CHECK(b.staged == (!c.arena || wire != bk.dtype));
     // Pieces: host engines only, never for whole-bucket collectives.
     const bool whole = c.shard || c.hook || want == Collective::Int8;
     CHECK(b.piece == (whole ? 0 : caps.piece_elems[static_cast<int>(wire)]));
@@ -130,6 +139,7 @@ void check_case(const Case& c) {
     CHECK(b.stage_bytes == (b.staged ? staged_elems * dtype_size(wire) : 0));
     uint64_t bytes = b.staged ? staged_elems * dtype_size(wire) + direct_bytes : b.padded * dtype_size(bk.dtype);
     if (want == Collective::Int8) bytes = elem::int8_chunk_bytes(b.numel);
+    if (ring_cast) bytes = (packed + direct_bytes / dtype_size(bk.dtype)) * dtype_size(sent);
     CHECK(b.wire_bytes == bytes);
     // int8: a reduce-scatter from world 3 where the comm has an all-to-all (host comms), each rank's
     // chunk then as large as the largest shard's; else an all-gather of whole chunks (on host comms in

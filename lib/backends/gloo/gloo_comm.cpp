@@ -259,6 +259,29 @@ class GlooComm final : public Comm {
       }
     });
   }
+  // The 16-bit wires on f32 buckets: the ring from the ring's sizes on, else every rank's cast
+  // elements gathered and summed in rank order.
+  bool can_cast_ring() const override { return true; }
+  void allreduce_as(const void* send, void* recv, size_t n, Dtype d, Dtype wire, Reduction red, Stream&,
+                    Deadline dl) override {
+    if (d != Dtype::F32 || !is_16bit(wire)) fail(DDP_ERR_INTERNAL, "Gloo comm: a cast ring takes f32 to a 16-bit wire");
+    const double factor = sum_factor(red);
+    const float* from = static_cast<const float*>(send);
+    float* to = static_cast<float*>(recv);
+    if (size() == 1) return host::round_through(from, to, n, wire, factor);
+    host::RingBuffer& ring = *ring_;
+    run_ring(dl, [&](GlooRingLink& link) {
+      const size_t ws = dtype_size(wire);
+      for (size_t done = 0; done < n;) {
+        const size_t k = std::min(host::kRingMaxBytes / ws, n - done);
+        if (k * ws >= kRingMinBytes && k >= static_cast<size_t>(link.size()))
+          host::ring_allreduce_cast(link, ring, from + done, to + done, k, wire, factor);
+        else
+          host::gathered_allreduce_cast(link, ring, from + done, to + done, k, wire, factor);
+        done += k;
+      }
+    });
+  }
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
     const double factor = sum_factor(red);
     char* p = static_cast<char*>(buf);

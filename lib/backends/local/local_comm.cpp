@@ -143,6 +143,31 @@ class LocalComm final : public Comm {
     wire_bytes()->allreduce(bytes, size());
   }
 
+  // The 16-bit wires on f32 buckets, as the host rings' gathered path computes them: every rank's
+  // elements cast to the wire, summed widened in rank order, scaled and rounded to the wire once.
+  bool can_cast_ring() const override { return true; }
+  void allreduce_as(const void* send, void* recv, size_t n, Dtype d, Dtype wire, Reduction red, Stream&,
+                    Deadline dl) override {
+    if (d != Dtype::F32 || !is_16bit(wire))
+      fail(DDP_ERR_INTERNAL, "local comm: a cast ring takes f32 to a 16-bit wire");
+    const double factor = factor_of(red);
+    const size_t ws = dtype_size(wire);
+    float* to = static_cast<float*>(recv);
+    if (cast_.size() < n * ws) cast_.resize(n * ws);
+    char* mine = cast_.data();  // this rank's cast elements; once posted (a copy), the last add's bits
+    host::convert(send, Dtype::F32, mine, wire, n, 1.0);
+    post(mine, n * ws, dl);
+    if (size() == 1)
+      host::round_through(static_cast<const float*>(send), to, n, wire, factor);
+    else
+      host::convert(channel_->posted[0], wire, to, Dtype::F32, n, 1.0);
+    for (int r = 1; r < size(); ++r)
+      host::add_widened(to, channel_->posted[static_cast<size_t>(r)], wire, to, n, r == size() - 1 ? factor : 1.0,
+                        r == size() - 1 ? mine : nullptr);
+    barrier(dl);
+    wire_bytes()->allreduce(n * ws, size());
+  }
+
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
     const double factor = factor_of(red);
     const size_t es = dtype_size(d), at = static_cast<size_t>(rank_) * m;
@@ -290,6 +315,7 @@ class LocalComm final : public Comm {
   std::atomic<uint64_t> probers_{0};
   std::shared_ptr<Channel> channel_;
   size_t piece_bytes_ = host::piece_bytes();
+  std::vector<char> cast_;  // allreduce_as: this rank's elements in the wire type
 };
 
 }  // namespace

@@ -411,6 +411,31 @@ class MpiComm final : public Comm {
         dl);
   }
 
+  // The 16-bit wires on f32 buckets: the ring whenever every rank has a chunk (MPI has no 16-bit
+  // arithmetic), else every rank's cast elements gathered and summed in rank order.
+  bool can_cast_ring() const override { return true; }
+  void allreduce_as(const void* send, void* recv, size_t n, Dtype d, Dtype wire, Reduction red, Stream&,
+                    Deadline dl) override {
+    if (d != Dtype::F32 || !is_16bit(wire)) fail(DDP_ERR_INTERNAL, "MPI comm: a cast ring takes f32 to a 16-bit wire");
+    if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "MPI comm: only sums are fused");
+    const double factor = red.op == RedOp::SumScaled ? red.factor : 1.0;
+    const float* from = static_cast<const float*>(send);
+    float* to = static_cast<float*>(recv);
+    if (size_ == 1) return host::round_through(from, to, n, wire, factor);
+    run_ring(
+        [&](host::RingBuffer& ring, MpiRingLink& link) {
+          for (size_t done = 0; done < n;) {
+            const size_t k = std::min(host::kRingMaxBytes / dtype_size(wire), n - done);
+            if (k >= static_cast<size_t>(link.size()))
+              host::ring_allreduce_cast(link, ring, from + done, to + done, k, wire, factor);
+            else
+              host::gathered_allreduce_cast(link, ring, from + done, to + done, k, wire, factor);
+            done += k;
+          }
+        },
+        dl);
+  }
+
   // Always the ring (libddp's own, as for large allreduces), on the bucket worker.
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
     if (red.op != RedOp::Sum && red.op != RedOp::SumScaled) fail(DDP_ERR_INTERNAL, "MPI comm: only sums are fused");
