@@ -119,7 +119,8 @@ typedef enum ddp_compression {
    * order (fp32 math for f32 buckets, fp64 for f64). From 3 ranks on (host communicators; the
    * environment variable DDP_INT8_SCATTER_MIN_WORLD moves the threshold) by a reduce-scatter: the
    * bucket is cut into one shard of whole blocks per rank, each rank receives every rank's blocks of
-   * its own shard and sums them the same way, re-quantizes that sum and all-gathers it. Either way
+   * its own shard and sums them the same way, re-quantizes that sum and all-gathers it (a bucket
+   * too small to gain from it, fewer than about 2 x world blocks, keeps the all-gather). Either way
    * every rank gets the same bits. Error feedback: what a rank's rounding lost in a bucket (its input
    * minus what it sent) is kept by the library, 4 bytes per element (counted in library_bytes), and
    * added to that rank's next input for the bucket, so roundings do not pile up into a bias; the

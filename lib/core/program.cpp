@@ -77,20 +77,22 @@ void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, 
 // move one chunk each way); each rank's chunk then holds a shard (the largest decides its size).
 // The all-gather goes in rounds of the host piece size (whole blocks), so that quantizing the next
 // round and summing the last overlap the transfer of this one; a chunk then holds one round.
+// From 3 ranks a bucket too small to gain (its largest shard's chunk, sent twice, not below the
+// whole chunk: fewer than about 2 x world blocks) keeps the all-gather; below 3 ranks the reduce-
+// scatter never saves bytes, and it runs only where DDP_INT8_SCATTER_MIN_WORLD asks for it.
 void int8_exchange(BucketProgram& b, const ProgramSettings& s, const Capabilities& c) {
-  b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world);
-  size_t most = b.numel;
+  size_t shard = 0;
+  for (int j = 0; j < s.world; ++j) {
+    const Span sh = int8_shard(b.numel, s.world, j);
+    shard = std::max(shard, sh.hi - sh.lo);
+  }
+  const bool gains = 2 * elem::int8_chunk_bytes(shard) < elem::int8_chunk_bytes(b.numel);
+  b.int8_scatter = c.alltoall && s.world >= std::max(1, s.int8_scatter_min_world) && (s.world < 3 || gains);
+  size_t most = b.int8_scatter ? shard : b.numel;
   const size_t piece = c.piece_elems[static_cast<int>(Dtype::F32)] / elem::kInt8Block * elem::kInt8Block;
   if (!b.int8_scatter && piece > 0 && b.numel > piece) {
     b.int8_piece = piece;
     most = piece;
-  }
-  if (b.int8_scatter) {
-    most = 0;
-    for (int j = 0; j < s.world; ++j) {
-      const Span sh = int8_shard(b.numel, s.world, j);
-      most = std::max(most, sh.hi - sh.lo);
-    }
   }
   b.int8_chunk = elem::int8_chunk_bytes(most);
 }

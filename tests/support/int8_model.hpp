@@ -72,4 +72,18 @@ inline std::vector<double> model_int8(const std::vector<std::vector<double>>& xs
   return out;
 }
 
+// A rank's chunk of m elements: a 4-byte scale per block, then the values, padded to 8 bytes.
+inline size_t chunk_bytes(size_t m) { return ((m + 255) / 256 * 4 + m + 7) / 8 * 8; }
+
+// Whether a bucket of n elements goes through the reduce-scatter on a host comm of `world` ranks
+// with DDP_INT8_SCATTER_MIN_WORLD = min_world: from that size on, and from 3 ranks only where its
+// largest shard's chunk, sent twice, is smaller than the whole chunk the all-gather sends.
+inline bool scatters(size_t n, int world, int min_world) {
+  const size_t blocks = (n + 255) / 256, w = static_cast<size_t>(world);
+  size_t most = 0;
+  for (size_t j = 0; j < w; ++j)
+    most = std::max(most, std::min(n, blocks * (j + 1) / w * 256) - std::min(n, blocks * j / w * 256));
+  return world >= min_world && (world < 3 || 2 * chunk_bytes(most) < chunk_bytes(n));
+}
+
 }  // namespace int8_model

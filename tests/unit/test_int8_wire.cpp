@@ -31,7 +31,7 @@ double input(const Int8Run& m, int rank, int it, size_t g, size_t i) {
 
 // One rank: registers the grads (one bucket per dtype: message_size holds them all), runs the
 // iterations and compares every element with the model; *sent: its bytes on the wire.
-bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, bool scatter, uint64_t* sent) {
+bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, int min_world, uint64_t* sent) {
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
   cfg.layout = m.arena;
   cfg.plan_order = DDP_PLAN_REGISTRATION;
@@ -98,6 +98,7 @@ bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, bool scatter, u
         if (bucket_of[g] == b)
           for (int q = 0; q < world; ++q)
             for (size_t i = 0; i < m.numel[g]; ++i) xs[static_cast<size_t>(q)][offset[g] + i] = input(m, q, it, g, i);
+      const bool scatter = int8_model::scatters(bn, world, min_world);
       const std::vector<double> want = int8_model::model_int8(
           xs, res[static_cast<size_t>(b)], shard[static_cast<size_t>(b)], scatter, f32[static_cast<size_t>(b)]);
       for (size_t g = 0; ok && g < ng; ++g) {
@@ -128,11 +129,10 @@ bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, bool scatter, u
 uint64_t run_group(int world, const Int8Run& m, int min_world) {
   setenv("DDP_INT8_SCATTER_MIN_WORLD", std::to_string(min_world).c_str(), 1);
   std::vector<uint64_t> sent(static_cast<size_t>(world), 0);
-  const bool scatter = world >= min_world;
   const int failed = on_ranks(
-      world, [&](int r, ddp_comm_t c) { return int8_rank(r, world, c, m, scatter, &sent[static_cast<size_t>(r)]); });
+      world, [&](int r, ddp_comm_t c) { return int8_rank(r, world, c, m, min_world, &sent[static_cast<size_t>(r)]); });
   unsetenv("DDP_INT8_SCATTER_MIN_WORLD");
-  CHECK_MESSAGE(failed == 0, "world ", world, scatter ? " reduce-scatter" : " all-gather", " arena ", m.arena);
+  CHECK_MESSAGE(failed == 0, "world ", world, " DDP_INT8_SCATTER_MIN_WORLD ", min_world, " arena ", m.arena);
   return sent[0];
 }
 
@@ -162,11 +162,15 @@ TEST_CASE("int8 wire: all-gather and reduce-scatter equal the float64 model bit 
         CHECK(gather == 0);
         CHECK(scatter == 0);
       }
-      // (world - 1) chunks against 2 (world - 1) shard chunks: the same at world 2, fewer from 3 on
-      // where the bucket holds a few blocks per rank.
-      size_t total = 0;
-      for (size_t n : m.numel) total += n;
-      if (world >= 3 && total >= static_cast<size_t>(world) * 4 * 256) CHECK(scatter < gather);
+      // (world - 1) chunks against 2 (world - 1) shard chunks: the same at world 2; from 3 on never
+      // more, and fewer where some bucket (one per dtype here) is large enough to gain.
+      size_t f32 = 0, f64 = 0;
+      for (size_t g = 0; g < m.numel.size(); ++g) (m.dtype[g] == DDP_F32 ? f32 : f64) += m.numel[g];
+      if (world >= 3) {
+        CHECK(scatter <= gather);
+        if ((f32 && int8_model::scatters(f32, world, 1)) || (f64 && int8_model::scatters(f64, world, 1)))
+          CHECK(scatter < gather);
+      }
     }
 }
 
@@ -182,7 +186,7 @@ TEST_CASE("int8 wire: by default the reduce-scatter from 3 ranks, the all-gather
   unsetenv("DDP_INT8_SCATTER_MIN_WORLD");
   std::vector<uint64_t> sent(4, 0);
   const int failed =
-      on_ranks(4, [&](int r, ddp_comm_t c) { return int8_rank(r, 4, c, m, true, &sent[static_cast<size_t>(r)]); });
+      on_ranks(4, [&](int r, ddp_comm_t c) { return int8_rank(r, 4, c, m, 3, &sent[static_cast<size_t>(r)]); });
   CHECK(failed == 0);
   const uint64_t gather = run_group(4, m, 1 << 30);
   CHECK(sent[0] * 10 < gather * 6);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/int8_model.hpp"
 #include "core/program.hpp"
 #include "kernels/elementwise.h"
 
@@ -144,7 +145,7 @@ void check_case(const Case& c) {
     // int8: a reduce-scatter from world 3 where the comm has an all-to-all (host comms), each rank's
     // chunk then as large as the largest shard's; else an all-gather of whole chunks (on host comms in
     // rounds of the host piece).
-    const bool scatter = want == Collective::Int8 && !c.nccl && c.world >= 3;
+    const bool scatter = want == Collective::Int8 && !c.nccl && int8_model::scatters(b.numel, c.world, 3);
     CHECK(b.int8_scatter == scatter);
     size_t chunk = want == Collective::Int8 ? bytes : 0;
     if (scatter) {
