@@ -72,14 +72,13 @@ void scaling(BucketProgram& b, const ProgramSettings& s, const Capabilities& c, 
   }
 }
 
-// The int8 wire's exchange: a reduce-scatter where the comm can exchange with every rank and the
-// world is large enough that all-gathering every rank's chunk would cost more bytes (at world 2 both
-// move one chunk each way); each rank's chunk then holds a shard (the largest decides its size).
-// The all-gather goes in rounds of the host piece size (whole blocks), so that quantizing the next
-// round and summing the last overlap the transfer of this one; a chunk then holds one round.
-// From 3 ranks a bucket too small to gain (its largest shard's chunk, sent twice, not below the
-// whole chunk: fewer than about 2 x world blocks) keeps the all-gather; below 3 ranks the reduce-
-// scatter never saves bytes, and it runs only where DDP_INT8_SCATTER_MIN_WORLD asks for it.
+// The int8 wire's exchange. A reduce-scatter where the comm can exchange with every rank, the world
+// reaches DDP_INT8_SCATTER_MIN_WORLD, and (from 3 ranks) the bucket gains from it: its largest
+// shard's chunk, sent twice, below the whole chunk the all-gather sends (fewer than about 2 x world
+// blocks do not gain). Below 3 ranks it never saves bytes and runs only where the knob asks for it.
+// Each rank's chunk then holds a shard (the largest decides its size). Otherwise the all-gather, in
+// rounds of the host piece (whole blocks) so that quantizing the next round and summing the last
+// overlap the transfer of this one; a chunk then holds one round.
 void int8_exchange(BucketProgram& b, const ProgramSettings& s, const Capabilities& c) {
   size_t shard = 0;
   for (int j = 0; j < s.world; ++j) {

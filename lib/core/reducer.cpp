@@ -233,13 +233,12 @@ void Reducer::reserve_tasks() {
 
 // The int8 wire's memory: the kept rounding errors of every int8 bucket (zero: nothing owed yet; a
 // new plan starts afresh) and one exchange buffer per stream, as large as its largest bucket needs
-// (a host stream runs its buckets one after another): world chunks to all-gather, or (scatter) world
-// shards to send and world to receive.
+// (a host stream runs its buckets one after another): world chunks to all-gather (two rounds' worth
+// when it goes in rounds), or (scatter) world shards to send and world to receive.
 void Reducer::alloc_int8() {
   std::vector<size_t> need(env_.streams.size(), 0);
   for (const BucketProgram& p : program_.buckets) {
     size_t& n = need[static_cast<size_t>(p.stream)];
-    // Two rounds' chunks, or (scatter) world shards to send and world to receive.
     n = std::max(n, p.int8_chunk * static_cast<size_t>(env_.program.world) * (p.int8_scatter || p.int8_piece ? 2 : 1));
   }
   for (void* p : gather_) env_.device->release(p);
