@@ -26,6 +26,8 @@
 ##   gpu-tests, gpu-bench   build the GPU test program and the flatten benchmark (CUDA builds);
 ##                   gpu-probe: the device check tests/gpu/run.sh runs first (names a missing GPU or driver)
 ##   exit-soak       the exit scenarios (no ddp_destroy; exit after a timeout), EXIT_SOAK_RUNS times
+##   elastic-heavy   the elastic fault scenarios (a rank SIGKILLed, the others recover), ELASTIC_SCENARIOS
+##                   of them (100): the figures of docs/reliability.md
 ##                   each over MPI and Gloo (default 200; the faults suites run each 10 times)
 ##   fuzz            libFuzzer over the API for FUZZ_SECONDS; fuzz-merge keeps new inputs in tests/fuzz/corpus;
 ##                   fuzz-build builds the fuzzer in FUZZ_BUILD
@@ -58,6 +60,7 @@
 ##   PYTHON_BIN      the Python of the python suites (/usr/bin/python3); JULIA: julia
 ##   FUZZ_SECONDS    make fuzz's time (60); FUZZ_BUILD: its tree; FUZZ_CXX: clang++; FUZZ_ARGS: libFuzzer's
 ##   FAULT_TIMEOUT_MS  the faults suite's timeout_ms (2000)
+##   ELASTIC_SCENARIOS  make elastic-heavy's scenarios (100); ELASTIC_BIN: the scenario program
 ##   ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS, TSAN_OPTIONS   the sanitizers' settings for the suites
 ##   SAN_SKIP        suites test-sanitize leaves out; SAN_MPIRUN: its mpirun; TSAN_SUITES: those under TSan
 ##   GPUSIM=1        (inside the gpusim suite) builds against the simulation; GPUSIM_TSAN: its TSan tree

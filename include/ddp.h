@@ -16,7 +16,9 @@
  * - "Collective" means every rank of the communicator must make the same call, in the same order
  *   relative to the other collective calls of the same context.
  * - After a fatal error (a timeout, a failed collective) a context answers DDP_ERR_ABORTED to every
- *   further call except ddp_destroy, ddp_get_stats and the plan getters.
+ *   further call except ddp_destroy, ddp_get_stats and the plan getters. An elastic context
+ *   (config.elastic) answers DDP_ERR_RANK_LOST instead when a peer died or was cut off, until
+ *   ddp_recover rebuilds it over the ranks that are left.
  */
 #ifndef DDP_H_
 #define DDP_H_
@@ -67,7 +69,8 @@ extern "C" {
   X(DDP_ERR_MPI, 8, "MPI error")                                         \
   X(DDP_ERR_TIMEOUT, 9, "timed out waiting for other ranks")             \
   X(DDP_ERR_ABORTED, 10, "context aborted after an earlier fatal error") \
-  X(DDP_ERR_INTERNAL, 11, "internal error")
+  X(DDP_ERR_INTERNAL, 11, "internal error")                              \
+  X(DDP_ERR_RANK_LOST, 12, "a rank was lost: call ddp_recover")
 
 typedef enum ddp_status {
 #define DDP_STATUS_ENUM_(name, value, text) name = value,
@@ -313,7 +316,7 @@ DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
  * --------------------------------------------------------------------------------------------- */
 
 #define DDP_CONFIG_MAGIC 0xDD9C0F16u
-#define DDP_CONFIG_VERSION 4u
+#define DDP_CONFIG_VERSION 5u
 
 typedef struct ddp_config {
   size_t size;      /* sizeof(ddp_config_t) as compiled by the caller */
@@ -393,6 +396,13 @@ typedef struct ddp_config {
    * call ddp_join and shadow the others' iterations until every rank has joined. Default
    * DDP_UNEVEN_OFF: no exchange, and ddp_join is DDP_ERR_INVALID_STATE. */
   int uneven_inputs;
+
+  /* Version 5 (libddp 0.2). Elastic: a collective that fails because a peer died, was cut off or
+   * stalled past timeout_ms ends the call with DDP_ERR_RANK_LOST instead of aborting the context;
+   * ddp_recover then rebuilds it over the ranks that are left (see there). Needs a communicator that
+   * can be rebuilt (Gloo; ddp_create says DDP_ERR_UNSUPPORTED for the others, naming them) and is
+   * not available with config.shard, config.uneven_inputs or config.stream_comms. Default 0: off. */
+  int elastic;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
@@ -422,7 +432,8 @@ typedef struct ddp_config {
         0,                  /* stall_warning_ms: the library's choice (60 s) */     \
         0,                  /* shard: off */                                        \
         DDP_COMPRESS_NONE,  /* compression: none */                                 \
-        DDP_UNEVEN_OFF      /* uneven_inputs: off */                                \
+        DDP_UNEVEN_OFF,     /* uneven_inputs: off */                                \
+        0                   /* elastic: off */                                      \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -543,6 +554,40 @@ DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
  * before, every rank contributing again (a new epoch may start). Each wait is bounded by
  * timeout_ms. Not inside a backward pass. Collective. */
 DDP_API ddp_status_t ddp_join(ddp_t ddp, int64_t* all_joined_iteration);
+
+/* Elastic contexts (config.elastic): what ddp_recover reports. */
+typedef struct ddp_membership {
+  uint64_t epoch; /* membership changes so far: 0 at ddp_create, then 1, 2 ... one per ddp_recover */
+  int rank;       /* this rank's number from now on, 0 .. world - 1 (the survivors keep their order) */
+  int world;      /* how many ranks there are from now on */
+  int old_rank;   /* this rank's number before */
+  int old_world;  /* how many ranks there were before */
+  /* The rank (new number) whose state every rank should take before the next iteration, with
+   * ddp_broadcast (parameters, optimizer state, step count) or ddp_broadcast_params: one of the
+   * ranks that committed the most iterations. A failed iteration may have completed on some ranks
+   * before it failed on others (their ddp_finish_backward returned DDP_SUCCESS and they updated
+   * their parameters); this rank is one of those that did, so taking its state makes every rank's
+   * identical again. */
+  int source;
+  int behind;        /* 1 if this rank committed fewer iterations than `source` (its state is stale) */
+  int64_t committed; /* iterations committed by `source`: the step count every rank continues from */
+} ddp_membership_t;
+
+/* Elastic contexts: after a call returned DDP_ERR_RANK_LOST (the iteration in progress was not
+ * committed: skip its optimizer update), agrees with the other live ranks on the new membership and
+ * rebuilds the context over it. Each rank checks in through the communicator's rendezvous store; the
+ * ranks of the old world that never check in and no longer answer (their process is gone, or cut
+ * off) are dropped at once; a rank that is alive but late is waited for up to timeout_ms, then
+ * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and must exit). The
+ * survivors keep their order and are renumbered 0 .. world - 1; every registration stays, the plan
+ * is kept, and the averages divide by the new world. Afterwards take the state of
+ * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
+ * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
+ * receives, for each new rank i below `capacity`, its number in the old world. DDP_ERR_INVALID_STATE
+ * when no rank was lost (or the context is not elastic); DDP_ERR_TIMEOUT when the membership could
+ * not be agreed within timeout_ms (the store is gone: a TCP store lives in rank 0's process, a file
+ * store outlives every rank); the context then stays lost. Collective over the surviving ranks. */
+DDP_API ddp_status_t ddp_recover(ddp_t ddp, ddp_membership_t* membership, int* members, size_t capacity);
 
 /* Reduces `count` elements of `dtype` (any ddp_dtype_t, integers included) at host address `buf`
  * across the ranks, in place, with `op`: the loss, metrics, token counts. Every rank gets the same

@@ -377,6 +377,13 @@ ddp_status_t ddp_join(ddp_t d, int64_t* all_joined_iteration) {
   });
 }
 
+ddp_status_t ddp_recover(ddp_t d, ddp_membership_t* membership, int* members, size_t capacity) {
+  return guard(__func__, [&] {
+    if (capacity > 0 && !members) fail(DDP_ERR_INVALID_ARGUMENT, "members is NULL with capacity %zu", capacity);
+    ctx(d).recover(membership, members, capacity);
+  });
+}
+
 ddp_status_t ddp_allreduce_host(ddp_t d, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op) {
   return guard(__func__, [&] { ctx(d).allreduce_host(buf, count, enum_value(dtype), enum_value(op)); });
 }

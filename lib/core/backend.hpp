@@ -220,6 +220,15 @@ class AllgatherRounds {
   virtual void done(size_t k) = 0;
 };
 
+class Comm;
+// What Comm::regroup agreed on: the new communicator and, for each of its ranks, its number in the old
+// one and the iterations it had committed.
+struct Regrouped {
+  std::unique_ptr<Comm> comm;
+  std::vector<int> members;
+  std::vector<int64_t> committed;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -307,6 +316,23 @@ class Comm {
   // Gives up on every outstanding collective after a fatal error (ncclCommAbort). After it, the
   // communicator is unusable.
   virtual void abort() {}
+
+  // Elastic contexts. Whether regroup is implemented (communicators that can be rebuilt over fewer
+  // ranks: Gloo).
+  virtual bool can_regroup() const { return false; }
+  // Closes this rank's connections at once, so that every peer blocked on this rank fails now rather
+  // than at its timeout (a rank that lost a peer severs, and the loss spreads through the world in
+  // one hop). After it, the communicator is unusable.
+  virtual void sever() { abort(); }
+  // Agrees on the ranks of membership `epoch` (a name every survivor gives alike) and makes a communicator over them.
+  // This rank checks in with `committed` (its committed iterations); the wait ends when every rank of this communicator
+  // has checked in or is gone (no answer to `answering`, which says which ranks' processes still answer, twice in a
+  // row), or at `window` (the late are left out). Every rank that checked in adopts the one membership set first (so
+  // all agree); one left out of it gets DDP_ERR_RANK_LOST. Throws DDP_ERR_TIMEOUT at `dl`.
+  virtual Regrouped regroup(const std::string& epoch, int64_t committed,
+                            const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "this communicator cannot be rebuilt over fewer ranks");
+  }
 
  private:
   std::shared_ptr<WireBytes> wire_bytes_ = std::make_shared<WireBytes>();

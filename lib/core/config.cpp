@@ -130,6 +130,18 @@ void check_header(const ddp_config_t& c) {
 
 // Settings that are each valid but cannot go together.
 void check_combination(const ddp_config_t& c) {
+  if (c.elastic && c.shard)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.elastic is not available with config.shard: the shards (and the optimizer state over them) "
+         "would have to be redistributed over the new world");
+  if (c.elastic && c.uneven_inputs != DDP_UNEVEN_OFF)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.elastic is not available with config.uneven_inputs: a recovery would have to carry which "
+         "ranks have joined into the new world");
+  if (c.elastic && c.stream_comms)
+    fail(DDP_ERR_INVALID_ARGUMENT,
+         "config.elastic is not available with config.stream_comms: the library must rebuild every "
+         "communicator of the context, and borrowed ones are the caller's");
   if (!c.shard) return;
   if (c.compression == DDP_COMPRESS_INT8)
     fail(DDP_ERR_INVALID_ARGUMENT,

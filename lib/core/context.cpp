@@ -19,8 +19,30 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   ctrl_ = comm.dup();
   // Settings that decide how many collectives follow (num_streams) are agreed on before any of them.
   agree_config(*ctrl_, cfg_, deadline());
+  if (cfg_.c.elastic && !comm.can_regroup())
+    fail(DDP_ERR_UNSUPPORTED,
+         "config.elastic needs a communicator that can be rebuilt over the ranks left after a loss: Gloo "
+         "(ddp_comm_init_gloo). MPI cannot shrink a communicator (it would need ULFM); NCCL and local groups "
+         "are not rebuilt yet");
+  device_ = comm.make_device();
+  attach(comm);
+  if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
+      comm.memory() == Memory::Device) {
+    const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
+    if (!comm.supports_wire(w))
+      fail(DDP_ERR_UNSUPPORTED, "config.compression: this communicator cannot sum %s (NCCL 2.10 or later has bf16)",
+           dtype_name(w));
+  }
+  if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_, cfg_.c.num_streams));
+}
+
+void Context::attach(Comm& comm) {
+  rank_ = comm.rank();
+  world_ = comm.size();
   prober_ = comm.make_prober([this] { return position(); });
   bcast_ = comm.dup();
+  owned_comms_.clear();
+  comms_.clear();
   if (cfg_.stream_comms.empty()) {
     for (int i = 0; i < cfg_.c.num_streams; ++i) {
       owned_comms_.push_back(comm.dup());
@@ -30,16 +52,8 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
     comms_ = cfg_.stream_comms;
     wire_totals(false, wire_base_);  // their traffic before this context is not its own
   }
-  device_ = comm.make_device();
-  if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
-      comm.memory() == Memory::Device) {
-    const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
-    if (!comm.supports_wire(w))
-      fail(DDP_ERR_UNSUPPORTED, "config.compression: this communicator cannot sum %s (NCCL 2.10 or later has bf16)",
-           dtype_name(w));
-  }
+  streams_.clear();
   for (int i = 0; i < cfg_.c.num_streams; ++i) streams_.push_back(device_->make_stream(i));
-  if (!cfg_.timeline_path.empty()) timeline_.reset(new Timeline(cfg_.timeline_path, rank_, cfg_.c.num_streams));
   stall_ms_ = cfg_.c.stall_warning_ms > 0 ? cfg_.c.stall_warning_ms : 60000;
   if (cfg_.c.timeout_ms > 0 && stall_ms_ >= cfg_.c.timeout_ms) stall_ms_ = 0;  // the timeout comes first
   for (int i = 0; i < cfg_.c.num_streams; ++i)
@@ -68,6 +82,8 @@ void Context::check_alive() const {
   if (aborted_)
     fail(DDP_ERR_ABORTED, "the context was aborted by an earlier error and can only be destroyed: %s",
          abort_reason_.c_str());
+  if (lost_)
+    fail(DDP_ERR_RANK_LOST, "a rank was lost (call ddp_recover before anything else): %s", lost_reason_.c_str());
 }
 
 void Context::abort(const Error& e) {
@@ -136,21 +152,7 @@ void Context::commit_locked() {
   progress_.calls.fetch_add(1, std::memory_order_relaxed);  // the stall inspector: who never got here
   try {
     agree_registration(*ctrl_, specs_, static_cast<bool>(hook_), deadline());
-    // The reducer's settings and backend objects, owned here for the reducer's life.
-    ReducerEnv& env = reducer_env_;
-    env.device = device_.get();
-    env.comms = comms_;
-    env.streams.clear();
-    for (auto& s : streams_) env.streams.push_back(s.get());
-    env.program = cfg_.program(world_, rank_, static_cast<bool>(hook_));
-    env.check_finite = (cfg_.c.check_finite != 0);
-    env.timeout_ms = cfg_.c.timeout_ms;
-    env.hook = hook_;
-    env.stats = &stats_;
-    env.progress = &progress_;
-    env.timeline = timeline_.get();
-    reducer_.reset(new Reducer(env, specs_));
-    reducer_->adopt(registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams), user_ptrs_);
+    make_reducer(registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams));
     learner_.reset(specs_.size());
     scratch_unused_.reserve(specs_.size());
     state_ = State::Idle;
@@ -166,6 +168,24 @@ void Context::commit_locked() {
     abort(told);
     throw told;
   }
+}
+
+void Context::make_reducer(Plan plan) {
+  // The reducer's settings and backend objects, owned here for the reducer's life.
+  ReducerEnv& env = reducer_env_;
+  env.device = device_.get();
+  env.comms = comms_;
+  env.streams.clear();
+  for (auto& s : streams_) env.streams.push_back(s.get());
+  env.program = cfg_.program(world_, rank_, static_cast<bool>(hook_));
+  env.check_finite = (cfg_.c.check_finite != 0);
+  env.timeout_ms = cfg_.c.timeout_ms;
+  env.hook = hook_;
+  env.stats = &stats_;
+  env.progress = &progress_;
+  env.timeline = timeline_.get();
+  reducer_.reset(new Reducer(env, specs_));
+  reducer_->adopt(std::move(plan), user_ptrs_);
 }
 
 void* Context::grad_ptr(int index) {

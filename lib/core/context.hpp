@@ -56,10 +56,24 @@ class Context {
   void barrier();
   // A comm hook (empty: none). Before the first backward pass.
   void set_comm_hook(std::function<void(const HookCall&)> hook);
+  // Elastic contexts (elastic.cpp): the membership agreed by the ranks left after a loss.
+  void recover(ddp_membership_t* out, int* members, size_t capacity);
 
  private:
   enum class State { Open, Idle, InBackward };
   void check_alive() const;
+  // The communicators, streams and prober over `comm` (ctrl_ made already): at creation and after a
+  // recovery.
+  void attach(Comm& comm);
+  // The reducer over the committed registrations, with `plan`.
+  void make_reducer(Plan plan);
+  // Elastic: the plan the survivors go on with (the new rank 0's).
+  Plan agreed_plan(const Plan& mine, Deadline dl);
+  Regrouped agree_members(Deadline window, Deadline dl);
+  void rebuild(std::unique_ptr<Comm> comm, Deadline dl);
+  // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank
+  // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
+  Error lose(const Error& e);
   // When a collective started now must have completed.
   Deadline deadline() const { return Deadline::after_ms(cfg_.c.timeout_ms); }
   void commit_locked();
@@ -114,6 +128,7 @@ class Context {
 
   std::mutex mu_;
   Settings cfg_;
+  std::unique_ptr<Comm> base_;   // elastic: the communicator over the survivors (its dups below)
   std::unique_ptr<Comm> ctrl_;   // agreement and plan broadcast
   std::unique_ptr<Comm> bcast_;  // ddp_broadcast's own channel
   std::vector<std::unique_ptr<Comm>> owned_comms_;
@@ -138,6 +153,11 @@ class Context {
   bool shards_local_ = false;     // sharded: the last backward pass only accumulated (sync off)
   bool aborted_ = false;
   std::string abort_reason_;
+  bool lost_ = false;  // elastic: a peer was lost; only ddp_recover goes on
+  std::string lost_reason_;
+  uint64_t epoch_ = 0;                 // elastic: membership changes so far
+  uint64_t attempts_ = 0;              // elastic: recoveries tried for the next membership
+  uint64_t wire_carried_[2] = {0, 0};  // bytes sent and received through communicators since replaced
   int rank_ = 0, world_ = 1;
   uint64_t iterations_ = 0;
   uint64_t exposed_ns_ = 0, last_exposed_ns_ = 0;
@@ -158,17 +178,18 @@ void Context::fatal_on_error(F&& fn) {
   try {
     fn();
   } catch (const Error& e) {
-    switch (e.status()) {
-      case DDP_ERR_INVALID_ARGUMENT:
-      case DDP_ERR_INVALID_STATE:
-      case DDP_ERR_UNSUPPORTED: break;  // the call was refused; the context is intact
-      case DDP_ERR_TIMEOUT: {
-        Error told(e.status(), e.what() + picture(500));
-        abort(told);
-        throw told;
-      }
-      default: abort(e);
+    const ddp_status_t st = e.status();
+    if (st == DDP_ERR_INVALID_ARGUMENT || st == DDP_ERR_INVALID_STATE || st == DDP_ERR_UNSUPPORTED ||
+        st == DDP_ERR_RANK_LOST)
+      throw;  // the call was refused (the context is intact), or the loss is handled already
+    // A peer that died, was cut off or stalled (a failed exchange): an elastic context goes on.
+    if (cfg_.c.elastic && !aborted_ && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED)) throw lose(e);
+    if (st == DDP_ERR_TIMEOUT) {
+      Error told(st, e.what() + picture(500));
+      abort(told);
+      throw told;
     }
+    abort(e);
     throw;
   }
 }

@@ -74,8 +74,8 @@ void Context::wire_totals(bool own, uint64_t out[2]) const {
     out[1] += c->wire_bytes()->received.load(std::memory_order_relaxed);
   }
   if (!own) return;
-  out[0] -= wire_base_[0];
-  out[1] -= wire_base_[1];
+  out[0] += wire_carried_[0] - wire_base_[0];
+  out[1] += wire_carried_[1] - wire_base_[1];
 }
 
 // The plan getters close registration (collective), and still answer after an abort if a plan exists.

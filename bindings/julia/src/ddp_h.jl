@@ -22,7 +22,8 @@ const ERR_MPI = Cint(8)
 const ERR_TIMEOUT = Cint(9)
 const ERR_ABORTED = Cint(10)
 const ERR_INTERNAL = Cint(11)
-const STATUS_COUNT = Cint(12)
+const ERR_RANK_LOST = Cint(12)
+const STATUS_COUNT = Cint(13)
 
 # enum ddp_dtype_t
 const ddp_dtype_t = Cint
@@ -80,7 +81,7 @@ struct ddp_nccl_id_t
 end
 
 const CONFIG_MAGIC = Cuint(0xDD9C0F16)
-const CONFIG_VERSION = Cuint(4)
+const CONFIG_VERSION = Cuint(5)
 
 mutable struct ddp_config_t
     size::Csize_t
@@ -105,10 +106,22 @@ mutable struct ddp_config_t
     shard::Cint
     compression::Cint
     uneven_inputs::Cint
+    elastic::Cint
     ddp_config_t() = new()
 end
 
 const ddp_t = Ptr{Cvoid}  # struct ddp_context*
+
+struct ddp_membership_t
+    epoch::UInt64
+    rank::Cint
+    world::Cint
+    old_rank::Cint
+    old_world::Cint
+    source::Cint
+    behind::Cint
+    committed::Int64
+end
 
 struct ddp_hook_bucket_t
     size::Csize_t
@@ -184,7 +197,7 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad,
                    :ddp_commit, :ddp_grad_ptr, :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready,
                    :ddp_grad_ready_ptr, :ddp_finish_backward, :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast,
-                   :ddp_synchronize, :ddp_join, :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook,
+                   :ddp_synchronize, :ddp_join, :ddp_recover, :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook,
                    :ddp_comm_allreduce, :ddp_get_stats, :ddp_get_plan, :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard,
                    :ddp_param_ptr, :ddp_broadcast_params, :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm,
                    :ddp_destroy, :ddp_set_log_callback)

@@ -25,7 +25,8 @@ DDP_ERR_MPI = 8
 DDP_ERR_TIMEOUT = 9
 DDP_ERR_ABORTED = 10
 DDP_ERR_INTERNAL = 11
-DDP_STATUS_COUNT = 12
+DDP_ERR_RANK_LOST = 12
+DDP_STATUS_COUNT = 13
 
 # enum ddp_dtype_t
 ddp_dtype_t = ctypes.c_int
@@ -86,7 +87,7 @@ class ddp_nccl_id_t(ctypes.Structure):
 
 
 DDP_CONFIG_MAGIC = 0xDD9C0F16
-DDP_CONFIG_VERSION = 4
+DDP_CONFIG_VERSION = 5
 
 
 class ddp_config_t(ctypes.Structure):
@@ -113,10 +114,24 @@ class ddp_config_t(ctypes.Structure):
         ("shard", ctypes.c_int),
         ("compression", ctypes.c_int),
         ("uneven_inputs", ctypes.c_int),
+        ("elastic", ctypes.c_int),
     ]
 
 
 ddp_t = ctypes.c_void_p  # struct ddp_context*
+
+
+class ddp_membership_t(ctypes.Structure):
+    _fields_ = [
+        ("epoch", ctypes.c_uint64),
+        ("rank", ctypes.c_int),
+        ("world", ctypes.c_int),
+        ("old_rank", ctypes.c_int),
+        ("old_world", ctypes.c_int),
+        ("source", ctypes.c_int),
+        ("behind", ctypes.c_int),
+        ("committed", ctypes.c_int64),
+    ]
 
 
 class ddp_hook_bucket_t(ctypes.Structure):
@@ -240,6 +255,8 @@ FUNCTIONS = {
                                      ctypes.POINTER(ddp_dtype_t), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
     "ddp_synchronize": (ddp_status_t, [ddp_t]),
     "ddp_join": (ddp_status_t, [ddp_t, ctypes.POINTER(ctypes.c_int64)]),
+    "ddp_recover": (ddp_status_t, [ddp_t, ctypes.POINTER(ddp_membership_t), ctypes.POINTER(ctypes.c_int),
+                                   ctypes.c_size_t]),
     "ddp_allreduce_host": (ddp_status_t, [ddp_t, ctypes.c_void_p, ctypes.c_size_t, ddp_dtype_t, ddp_op_t]),
     "ddp_barrier": (ddp_status_t, [ddp_t]),
     "ddp_set_comm_hook": (ddp_status_t, [ddp_t, ddp_comm_hook_fn, ctypes.c_void_p]),
@@ -269,10 +286,10 @@ RETURNS_STATUS = frozenset(["ddp_comm_init_mpi", "ddp_comm_init_gloo", "ddp_comm
     "ddp_comm_wrap_nccl", "ddp_comm_rank", "ddp_comm_size", "ddp_comm_destroy", "ddp_config_init_sized",
     "ddp_config_init", "ddp_create", "ddp_register_grad", "ddp_commit", "ddp_grad_ptr", "ddp_set_grad_ptr",
     "ddp_begin_backward", "ddp_grad_ready", "ddp_grad_ready_ptr", "ddp_finish_backward", "ddp_set_sync",
-    "ddp_reduce_all", "ddp_broadcast", "ddp_synchronize", "ddp_join", "ddp_allreduce_host", "ddp_barrier",
-    "ddp_set_comm_hook", "ddp_comm_allreduce", "ddp_get_stats", "ddp_get_plan", "ddp_get_bucket", "ddp_get_shard",
-    "ddp_grad_shard", "ddp_param_ptr", "ddp_broadcast_params", "ddp_gather_params", "ddp_wait_params", "ddp_shard_norm",
-    "ddp_destroy", "ddp_set_log_callback"])
+    "ddp_reduce_all", "ddp_broadcast", "ddp_synchronize", "ddp_join", "ddp_recover", "ddp_allreduce_host",
+    "ddp_barrier", "ddp_set_comm_hook", "ddp_comm_allreduce", "ddp_get_stats", "ddp_get_plan", "ddp_get_bucket",
+    "ddp_get_shard", "ddp_grad_shard", "ddp_param_ptr", "ddp_broadcast_params", "ddp_gather_params", "ddp_wait_params",
+    "ddp_shard_norm", "ddp_destroy", "ddp_set_log_callback"])
 
 
 def declare(lib, errcheck=None):
@@ -289,13 +306,14 @@ def declare(lib, errcheck=None):
 __all__ = ["DDP_VERSION_MAJOR", "DDP_VERSION_MINOR", "DDP_VERSION_PATCH", "DDP_VERSION_CODE", "ddp_status_t",
            "DDP_SUCCESS", "DDP_ERR_INVALID_ARGUMENT", "DDP_ERR_INVALID_STATE", "DDP_ERR_MISMATCH",
            "DDP_ERR_OUT_OF_MEMORY", "DDP_ERR_UNSUPPORTED", "DDP_ERR_CUDA", "DDP_ERR_NCCL", "DDP_ERR_MPI",
-           "DDP_ERR_TIMEOUT", "DDP_ERR_ABORTED", "DDP_ERR_INTERNAL", "DDP_STATUS_COUNT", "ddp_dtype_t", "DDP_F16",
-           "DDP_BF16", "DDP_F32", "DDP_F64", "DDP_DTYPE_COUNT", "DDP_I32", "DDP_I64", "ddp_op_t", "DDP_OP_SUM",
-           "DDP_OP_AVG", "DDP_OP_MAX", "DDP_OP_MIN", "ddp_compression_t", "DDP_COMPRESS_NONE", "DDP_COMPRESS_BF16",
-           "DDP_COMPRESS_FP16", "DDP_COMPRESS_INT8", "ddp_uneven_t", "DDP_UNEVEN_OFF", "DDP_UNEVEN_BY_CONTRIBUTORS",
-           "DDP_UNEVEN_BY_WORLD", "ddp_layout_t", "DDP_LAYOUT_COPY", "DDP_LAYOUT_ARENA", "ddp_plan_order_t",
-           "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t", "DDP_UNUSED_ERROR", "DDP_UNUSED_ZERO",
-           "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t", "ddp_local_group_t", "ddp_nccl_id_t",
-           "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t", "ddp_hook_bucket_t",
-           "ddp_comm_hook_fn", "ddp_stats_t", "ddp_bucket_info_t", "ddp_shard_info_t", "ddp_log_level_t",
-           "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS", "RETURNS_STATUS", "declare"]
+           "DDP_ERR_TIMEOUT", "DDP_ERR_ABORTED", "DDP_ERR_INTERNAL", "DDP_ERR_RANK_LOST", "DDP_STATUS_COUNT",
+           "ddp_dtype_t", "DDP_F16", "DDP_BF16", "DDP_F32", "DDP_F64", "DDP_DTYPE_COUNT", "DDP_I32", "DDP_I64",
+           "ddp_op_t", "DDP_OP_SUM", "DDP_OP_AVG", "DDP_OP_MAX", "DDP_OP_MIN", "ddp_compression_t", "DDP_COMPRESS_NONE",
+           "DDP_COMPRESS_BF16", "DDP_COMPRESS_FP16", "DDP_COMPRESS_INT8", "ddp_uneven_t", "DDP_UNEVEN_OFF",
+           "DDP_UNEVEN_BY_CONTRIBUTORS", "DDP_UNEVEN_BY_WORLD", "ddp_layout_t", "DDP_LAYOUT_COPY", "DDP_LAYOUT_ARENA",
+           "ddp_plan_order_t", "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t", "DDP_UNUSED_ERROR",
+           "DDP_UNUSED_ZERO", "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t", "ddp_local_group_t",
+           "ddp_nccl_id_t", "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t",
+           "ddp_membership_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn", "ddp_stats_t", "ddp_bucket_info_t",
+           "ddp_shard_info_t", "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS",
+           "RETURNS_STATUS", "declare"]

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "host/host_device.hpp"
 #include "host/host_kernels.hpp"
@@ -92,24 +93,26 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 // fails instead of raising SIGPIPE (host/sigpipe.hpp); Gloo's event loop, started by the device's
 // creation here, keeps SIGPIPE blocked.
 template <class F>
-void gloo_call(const GlooWorld& w, const std::string& what, F&& f) {
+void gloo_call(int rank, int size, const std::string& what, F&& f) {
   host::SigpipeBlock no_sigpipe;
   try {
     f();
   } catch (const Error&) {
     throw;
   } catch (...) {
-    rethrow_gloo_failure(w.rv.rank, w.rv.size, what);
+    rethrow_gloo_failure(rank, size, what);
   }
 }
 
-std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& key, Deadline dl) {
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(w.rv.rank, w.rv.size);
+// A full mesh among `size` ranks of the world (all of them, or the survivors of an elastic recovery,
+// renumbered) under the store prefix `key`.
+std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& key, Deadline dl, int rank, int size) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   // Gloo waits five times the context's timeout for a pair's first connection (a peer that died in
   // the rendezvous): a fifth of what is left, so that the whole creation ends within `dl`.
   ctx->setTimeout(Ms(std::max<int64_t>(1, tcp::ms_left(dl, kForeverMs) / 5)));
   StoreAdapter adapter(*w.rv.store, key + "/", dl);
-  gloo_call(w, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
+  gloo_call(rank, size, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
     ctx->connectFullMesh(adapter, w.device);
     gloo::BarrierOptions b(ctx);
     b.setTimeout(left(dl));
@@ -124,7 +127,7 @@ std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& 
 // bucket's pieces are the same in every iteration, so steady state allocates nothing.
 class GlooRingLink final : public host::RingLink {
  public:
-  GlooRingLink(const GlooWorld& w, gloo::Context& ctx) : w_(w), ctx_(ctx) {}
+  explicit GlooRingLink(gloo::Context& ctx) : ctx_(ctx) {}
   int rank() const override { return ctx_.rank; }
   int size() const override { return ctx_.size; }
   void start(Deadline dl) { dl_ = dl; }
@@ -138,12 +141,13 @@ class GlooRingLink final : public host::RingLink {
     o_ = i_ = nullptr;
     to_ = right, from_ = left_rank;
     // Posting throws too once a peer's connection has closed.
-    gloo_call(w_, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank), [&] {
-      o_ = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
-      i_ = rn ? buffer(in, rn) : nullptr;
-      if (i_) i_->recv(left_rank, kRingSlot);
-      if (o_) o_->send(right, kRingSlot);
-    });
+    gloo_call(ctx_.rank, ctx_.size, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank),
+              [&] {
+                o_ = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
+                i_ = rn ? buffer(in, rn) : nullptr;
+                if (i_) i_->recv(left_rank, kRingSlot);
+                if (o_) o_->send(right, kRingSlot);
+              });
   }
   void wait_posted() override {
     gloo::transport::UnboundBuffer *o = o_, *i = i_;
@@ -156,7 +160,7 @@ class GlooRingLink final : public host::RingLink {
   template <class F>
   void wait(int peer, const char* dir, F&& f) {
     bool ok = false;
-    gloo_call(w_, format("ring exchange (%s rank %d)", dir, peer), [&] { ok = f(); });
+    gloo_call(ctx_.rank, ctx_.size, format("ring exchange (%s rank %d)", dir, peer), [&] { ok = f(); });
     if (!ok) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring exchange was aborted", rank());
   }
   gloo::transport::UnboundBuffer* buffer(void* p, size_t n) {
@@ -170,7 +174,6 @@ class GlooRingLink final : public host::RingLink {
     }
     return b.get();
   }
-  const GlooWorld& w_;
   gloo::Context& ctx_;
   Deadline dl_;
   gloo::transport::UnboundBuffer *o_ = nullptr, *i_ = nullptr;  // the posted exchange's
@@ -204,12 +207,13 @@ void rethrow_gloo_failure(int rank, int size, const std::string& what) {
 
 class GlooComm final : public Comm {
  public:
-  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl)
+  // Rank `rank` of `size`: the world's own numbers, or those of an elastic recovery's survivors.
+  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl, int rank, int size)
       : world_(std::move(w)),
         key_(std::move(key)),
-        ctx_(connect_context(*world_, key_, dl)),
+        ctx_(connect_context(*world_, key_, dl, rank, size)),
         ring_(std::make_shared<host::RingBuffer>()),
-        link_(std::make_shared<GlooRingLink>(*world_, *ctx_)) {
+        link_(std::make_shared<GlooRingLink>(*ctx_)) {
     link_->wire = wire_bytes();  // the ring counts its exchanges here
   }
   ~GlooComm() override {
@@ -222,11 +226,12 @@ class GlooComm final : public Comm {
     }
   }
 
-  int rank() const override { return world_->rv.rank; }
-  int size() const override { return world_->rv.size; }
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
   Memory memory() const override { return Memory::Host; }
   std::unique_ptr<Comm> dup() override {
-    return std::unique_ptr<Comm>(new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline()));
+    return std::unique_ptr<Comm>(
+        new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(), size()));
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
@@ -316,7 +321,7 @@ class GlooComm final : public Comm {
     if (size() == 1 || bytes == 0) return;
     usable();
     guarded([&] {
-      gloo_call(*world_, format("broadcast from rank %d", root), [&] {
+      gloo_call(rank(), size(), format("broadcast from rank %d", root), [&] {
         gloo::BroadcastOptions o(ctx_);
         o.setOutput(static_cast<uint8_t*>(buf), bytes);
         o.setRoot(root);
@@ -333,7 +338,7 @@ class GlooComm final : public Comm {
     }
     usable();
     guarded([&] {
-      gloo_call(*world_, "all-gather", [&] {
+      gloo_call(rank(), size(), "all-gather", [&] {
         gloo::AllgatherOptions o(ctx_);
         o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
         o.setOutput(static_cast<uint8_t*>(out), bytes * static_cast<size_t>(size()));
@@ -344,6 +349,17 @@ class GlooComm final : public Comm {
     wire_bytes()->allgather(bytes, size());
   }
   void abort() override { aborted_ = true; }
+  bool can_regroup() const override { return true; }
+  void sever() override {
+    aborted_ = true;
+    failed_->store(true);
+    try {
+      ctx_->closeConnections();
+    } catch (...) {  // a pair that never connected: nothing to close
+    }
+  }
+  Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
+                    Deadline window, Deadline dl) override;
 
  private:
   static double sum_factor(Reduction red) {
@@ -401,7 +417,7 @@ class GlooComm final : public Comm {
       host::sum_scaled(to, all + static_cast<size_t>(r) * bytes, to, k, d, r == world - 1 ? factor : 1.0);
   }
   void barrier(Deadline dl) {
-    gloo_call(*world_, "barrier", [&] {
+    gloo_call(rank(), size(), "barrier", [&] {
       gloo::BarrierOptions b(ctx_);
       b.setTimeout(left(dl));
       gloo::barrier(b);
@@ -418,6 +434,67 @@ class GlooComm final : public Comm {
   bool aborted_ = false;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
+
+// Every survivor checks in under the epoch's prefix with its committed iterations, then watches the
+// others' check-ins (the store) and whether their processes still answer (`answering`: the stall
+// inspector's ports, where a dead process refuses at once); when no rank is left to wait for, or at
+// `window`, it proposes the ranks it saw check in. The store keeps the first proposal only (claim),
+// so every survivor adopts the same membership whatever each one saw.
+Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
+                            const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
+  Store& store = *world_->rv.store;
+  const std::string base = key_ + ".e" + epoch;
+  auto text = [](const std::string& t) { return std::vector<char>(t.begin(), t.end()); };
+  store.set(base + "/in/" + std::to_string(rank()), text(std::to_string(committed)), dl);
+  const int n = size();
+  std::vector<int64_t> in(static_cast<size_t>(n), -1);
+  std::vector<int> silent(static_cast<size_t>(n), 0);  // asks in a row without an answer
+  uint64_t next_ask = 0;
+  for (;;) {
+    int waiting = 0;
+    for (int r = 0; r < n; ++r) {
+      std::vector<char> v;
+      if (in[static_cast<size_t>(r)] < 0 && store.try_get(base + "/in/" + std::to_string(r), &v, dl))
+        in[static_cast<size_t>(r)] = std::atoll(std::string(v.begin(), v.end()).c_str());
+      if (in[static_cast<size_t>(r)] < 0 && silent[static_cast<size_t>(r)] < 2) ++waiting;
+    }
+    if (waiting == 0 || window.passed()) break;
+    if (dl.passed()) fail(DDP_ERR_TIMEOUT, "rank %d: the ranks did not agree on a membership in time", rank());
+    const uint64_t now = now_ns();
+    if (now >= next_ask) {
+      const std::vector<bool> alive = answering();
+      for (int r = 0; r < n; ++r)
+        silent[static_cast<size_t>(r)] = alive[static_cast<size_t>(r)] ? 0 : silent[static_cast<size_t>(r)] + 1;
+      next_ask = now_ns() + 100 * 1000000ull;
+    } else {
+      std::this_thread::sleep_for(Ms(10));
+    }
+  }
+  std::string view;
+  for (int r = 0; r < n; ++r)
+    if (in[static_cast<size_t>(r)] >= 0)
+      view += std::to_string(r) + ":" + std::to_string(in[static_cast<size_t>(r)]) + " ";
+  std::vector<char> held;
+  if (!store.claim(base + "/members", text(view), &held, dl)) view.assign(held.begin(), held.end());
+  Regrouped g;
+  int me = -1;
+  for (const char* p = view.c_str(); *p;) {
+    char* end = nullptr;
+    const long r = std::strtol(p, &end, 10);
+    const long long c = std::strtoll(end + 1, &end, 10);
+    if (r == rank()) me = static_cast<int>(g.members.size());
+    g.members.push_back(static_cast<int>(r));
+    g.committed.push_back(c);
+    p = *end ? end + 1 : end;
+  }
+  if (me < 0)
+    fail(DDP_ERR_RANK_LOST,
+         "rank %d was left out of membership %s (the others agreed on ranks %s without it: it checked in too "
+         "late); this process cannot rejoin the job",
+         rank(), epoch.c_str(), view.c_str());
+  g.comm.reset(new GlooComm(world_, base + ".c", dl, me, static_cast<int>(g.members.size())));
+  return g;
+}
 
 namespace {
 
@@ -456,7 +533,7 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
     attr.iface = iface;
   else
     attr.hostname = w->rv.host;  // the interface that reaches rank 0 (empty: the host's name)
-  gloo_call(*w, "device on " + (attr.iface.empty() ? attr.hostname : attr.iface),
+  gloo_call(w->rv.rank, w->rv.size, "device on " + (attr.iface.empty() ? attr.hostname : attr.iface),
             [&] { w->device = gloo::transport::tcp::CreateDevice(attr); });
   slot->world = w;
   return w;
@@ -468,7 +545,7 @@ std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size
   const Deadline dl = Deadline::after_ms(timeout_ms);
   std::shared_ptr<GlooWorld> w = open_world(init_method, rank, size, timeout_ms, dl);
   const int n = w->comms++;
-  return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl));
+  return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl, w->rv.rank, w->rv.size));
 }
 
 bool have_gloo() { return true; }

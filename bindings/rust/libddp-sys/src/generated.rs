@@ -22,7 +22,8 @@ pub const DDP_ERR_MPI: ddp_status_t = 8;
 pub const DDP_ERR_TIMEOUT: ddp_status_t = 9;
 pub const DDP_ERR_ABORTED: ddp_status_t = 10;
 pub const DDP_ERR_INTERNAL: ddp_status_t = 11;
-pub const DDP_STATUS_COUNT: ddp_status_t = 12;
+pub const DDP_ERR_RANK_LOST: ddp_status_t = 12;
+pub const DDP_STATUS_COUNT: ddp_status_t = 13;
 
 // enum ddp_dtype_t
 pub type ddp_dtype_t = c_int;
@@ -91,7 +92,7 @@ pub struct ddp_nccl_id_t {
 }
 
 pub const DDP_CONFIG_MAGIC: c_uint = 0xDD9C0F16;
-pub const DDP_CONFIG_VERSION: c_uint = 4;
+pub const DDP_CONFIG_VERSION: c_uint = 5;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +119,7 @@ pub struct ddp_config_t {
     pub shard: c_int,
     pub compression: c_int,
     pub uneven_inputs: c_int,
+    pub elastic: c_int,
 }
 
 #[repr(C)]
@@ -125,6 +127,19 @@ pub struct ddp_context {
     _private: [u8; 0],
 }
 pub type ddp_t = *mut ddp_context;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ddp_membership_t {
+    pub epoch: u64,
+    pub rank: c_int,
+    pub world: c_int,
+    pub old_rank: c_int,
+    pub old_world: c_int,
+    pub source: c_int,
+    pub behind: c_int,
+    pub committed: i64,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -247,6 +262,8 @@ extern "C" {
                          n: c_int, root: c_int, stream: *mut c_void) -> ddp_status_t;
     pub fn ddp_synchronize(ddp: ddp_t) -> ddp_status_t;
     pub fn ddp_join(ddp: ddp_t, all_joined_iteration: *mut i64) -> ddp_status_t;
+    pub fn ddp_recover(ddp: ddp_t, membership: *mut ddp_membership_t, members: *mut c_int,
+                       capacity: usize) -> ddp_status_t;
     pub fn ddp_allreduce_host(ddp: ddp_t, buf: *mut c_void, count: usize, dtype: ddp_dtype_t,
                               op: ddp_op_t) -> ddp_status_t;
     pub fn ddp_barrier(ddp: ddp_t) -> ddp_status_t;

@@ -1,0 +1,391 @@
+// Elastic fault scenarios (config.elastic over Gloo): each scenario forks N ranks (processes) that
+// train a small model by SGD; one of them, the victim, is SIGKILLed at a random point of a random
+// iteration (before its backward pass, after some of its grads were marked ready, while its buckets
+// are on the wire, after its iteration committed, after its update). The survivors must get
+// DDP_ERR_RANK_LOST, recover (ddp_recover), take the state of the rank that committed the most
+// iterations and finish the run; then every survivor's parameters must be bitwise equal to the
+// others' and equal (to float rounding) a float64 replay driven by the membership log, no process
+// may hang or crash, and the survivors' first committed step must come within timeout_ms + 1 s of
+// the death. Prints "elastic: P passed, F failed".
+// Usage: elastic [SCENARIOS [SEED]]  (default 12 scenarios, seed from the clock). ELASTIC_VERBOSE=1:
+// the ranks' stderr on the terminal; ELASTIC_ONLY=K: only scenario K of the sequence.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp.h"
+
+namespace {
+
+constexpr int kSteps = 8;
+constexpr double kLr = 0.05;
+constexpr int64_t kTimeoutMs = 20000;
+
+// Where and when the victim dies.
+enum Point { BeforeBegin, AfterSomeReady, OnTheWire, AfterCommit, AfterUpdate, kPoints };
+const char* point_name(int p) {
+  static const char* n[] = {"before its backward", "after some grads were ready", "while its buckets are on the wire",
+                            "after its iteration committed", "after its update"};
+  return n[p];
+}
+
+struct Scenario {
+  int np = 3, victim = 0, step = 0, point = 0, ready = 0, delay_us = 0, layout = 0, streams = 1;
+  bool tcp = false;  // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
+  std::vector<size_t> sizes;
+  std::string store;
+  std::string dir;
+};
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+// Rank `id`'s grad element i at step k, the same in the workers and in the replay.
+float grad_value(int id, int step, size_t grad, size_t i) {
+  uint64_t h = (static_cast<uint64_t>(id) * 1000003u + static_cast<uint64_t>(step)) * 998244353u + grad * 7919u + i;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  return static_cast<float>(static_cast<int>(h % 2001) - 1000) / 1000.0f;
+}
+float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 + i) % 97) / 97.0f; }
+
+[[noreturn]] void die_now(const Scenario& s) {
+  std::ofstream(s.dir + "/death") << now_ns() << "\n";
+  raise(SIGKILL);
+  _exit(99);
+}
+
+#define CHECK_OK(call)                                                                                   \
+  do {                                                                                                   \
+    ddp_status_t st_ = (call);                                                                           \
+    if (st_ != DDP_SUCCESS) {                                                                            \
+      std::fprintf(stderr, "rank id %d: %s failed: %s: %s\n", id, #call, ddp_status_string(st_), ddp_last_error()); \
+      _exit(3);                                                                                          \
+    }                                                                                                    \
+  } while (0)
+
+// One rank's run; `id` is its rank at creation (its identity: the membership log names ids).
+int worker(const Scenario& s, int id) {
+  ddp_comm_t comm = nullptr;
+  CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
+  ddp_config_t cfg;
+  ddp_config_init(&cfg);
+  cfg.elastic = 1;
+  cfg.timeout_ms = kTimeoutMs;
+  cfg.layout = s.layout;
+  cfg.num_streams = s.streams;
+  cfg.message_size = 3000;
+  cfg.unused_policy = DDP_UNUSED_ZERO;
+  ddp_t ddp = nullptr;
+  CHECK_OK(ddp_create(comm, &cfg, &ddp));
+  const size_t ng = s.sizes.size();
+  std::vector<std::vector<float>> params(ng), own(ng);
+  std::vector<float*> grads(ng);
+  for (size_t g = 0; g < ng; ++g) {
+    params[g].resize(s.sizes[g]);
+    for (size_t i = 0; i < s.sizes[g]; ++i) params[g][i] = init_value(g, i);
+    own[g].resize(s.sizes[g]);
+    int index = 0;
+    CHECK_OK(ddp_register_grad(ddp, s.layout ? nullptr : own[g].data(), s.sizes[g], DDP_F32, 0, &index));
+  }
+  auto find_grads = [&] {
+    for (size_t g = 0; g < ng; ++g) {
+      void* p = nullptr;
+      CHECK_OK(ddp_grad_ptr(ddp, static_cast<int>(g), &p));
+      grads[g] = static_cast<float*>(p);
+    }
+  };
+  find_grads();
+  std::vector<int> ids(static_cast<size_t>(s.np));
+  for (int r = 0; r < s.np; ++r) ids[static_cast<size_t>(r)] = r;
+  std::ostringstream log;  // "step K: ids" per committed step
+  const bool victim = id == s.victim;
+  uint64_t first_commit_after = 0;
+  bool recovered = false;
+  int64_t step = 0;
+  std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
+  while (step < kSteps) {
+    const bool dies_now = victim && step == s.step;
+    if (dies_now && s.point == BeforeBegin) die_now(s);
+    ddp_status_t st = ddp_begin_backward(ddp, nullptr);
+    std::vector<int> order(ng);
+    for (size_t g = 0; g < ng; ++g) order[g] = static_cast<int>(g);
+    std::shuffle(order.begin(), order.end(), order_rng);
+    if (dies_now && s.point == OnTheWire)
+      std::thread([s] {
+        std::this_thread::sleep_for(std::chrono::microseconds(s.delay_us));
+        die_now(s);
+      }).detach();
+    for (size_t k = 0; k < ng && st == DDP_SUCCESS; ++k) {
+      if (dies_now && s.point == AfterSomeReady && static_cast<int>(k) == s.ready) die_now(s);
+      const size_t g = static_cast<size_t>(order[k]);
+      for (size_t i = 0; i < s.sizes[g]; ++i) grads[g][i] = grad_value(id, static_cast<int>(step), g, i);
+      st = ddp_grad_ready(ddp, static_cast<int>(g));
+    }
+    if (st == DDP_SUCCESS) st = ddp_finish_backward(ddp, nullptr);
+    if (st == DDP_SUCCESS) {
+      find_grads();  // the arena moves its grads once, when the learned plan is adopted
+      if (dies_now && s.point == AfterCommit) die_now(s);
+      for (size_t g = 0; g < ng; ++g)
+        for (size_t i = 0; i < s.sizes[g]; ++i) params[g][i] -= static_cast<float>(kLr) * grads[g][i];
+      log << "step " << step << ":";
+      for (int x : ids) log << " " << x;
+      log << "\n";
+      ++step;
+      if (recovered && !first_commit_after) first_commit_after = now_ns();
+      if (dies_now && s.point == AfterUpdate) die_now(s);
+      continue;
+    }
+    if (st != DDP_ERR_RANK_LOST) {
+      std::fprintf(stderr, "rank id %d: step %lld: %s: %s\n", id, static_cast<long long>(step), ddp_status_string(st),
+                   ddp_last_error());
+      _exit(4);
+    }
+    // Recover, then take the state of the rank that committed the most.
+    ddp_membership_t m;
+    std::vector<int> members(static_cast<size_t>(s.np), -1);
+    CHECK_OK(ddp_recover(ddp, &m, members.data(), members.size()));
+    std::vector<int> old_ids = ids;
+    ids.clear();
+    for (int i = 0; i < m.world; ++i) ids.push_back(old_ids[static_cast<size_t>(members[static_cast<size_t>(i)])]);
+    std::vector<void*> bufs;
+    std::vector<size_t> counts;
+    std::vector<ddp_dtype_t> types;
+    for (size_t g = 0; g < ng; ++g) {
+      bufs.push_back(params[g].data());
+      counts.push_back(s.sizes[g]);
+      types.push_back(DDP_F32);
+    }
+    CHECK_OK(ddp_broadcast(ddp, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr));
+    for (; step < m.committed; ++step) {  // steps the old world committed without this rank
+      log << "step " << step << ":";
+      for (int x : old_ids) log << " " << x;
+      log << "\n";
+    }
+    find_grads();
+    recovered = true;
+  }
+  std::ofstream out(s.dir + "/out." + std::to_string(id));
+  out << log.str();
+  out << "first_commit_after " << first_commit_after << "\n";
+  out << "params";
+  char buf[64];
+  for (size_t g = 0; g < ng; ++g)
+    for (float v : params[g]) {
+      std::snprintf(buf, sizeof buf, " %a", static_cast<double>(v));
+      out << buf;
+    }
+  out << "\n";
+  out.close();
+  ddp_destroy(ddp);
+  ddp_comm_destroy(comm);
+  return 0;
+}
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs one scenario; returns "" when it passed, else why not.
+std::string run(const Scenario& s, double* recovery_ms) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < s.np; ++r) {
+    const pid_t p = fork();
+    if (p == 0) {
+      if (!std::getenv("ELASTIC_VERBOSE")) {
+        std::FILE* f = std::freopen((s.dir + "/err." + std::to_string(r)).c_str(), "w", stderr);
+        (void)f;
+      }
+      _exit(worker(s, r));
+    }
+    pids.push_back(p);
+  }
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  std::vector<int> status(static_cast<size_t>(s.np), -1);
+  int left = s.np;
+  while (left > 0 && std::chrono::steady_clock::now() < limit) {
+    int st = 0;
+    const pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    for (int r = 0; r < s.np; ++r)
+      if (pids[static_cast<size_t>(r)] == p) status[static_cast<size_t>(r)] = st, --left;
+  }
+  std::string why;
+  if (left > 0) {
+    why = "hang: " + std::to_string(left) + " processes still running after 90 s";
+    for (int r = 0; r < s.np; ++r)
+      if (status[static_cast<size_t>(r)] == -1) kill(pids[static_cast<size_t>(r)], SIGKILL);
+    while (waitpid(-1, nullptr, 0) > 0) {
+    }
+    return why;
+  }
+  for (int r = 0; r < s.np; ++r) {
+    const int st = status[static_cast<size_t>(r)];
+    if (r == s.victim) {
+      if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "the victim was not killed; ";
+      continue;
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      why += "rank " + std::to_string(r) + " ended with " +
+             (WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st))) +
+             ": " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
+  }
+  if (!why.empty()) return why;
+  // Every survivor: the same log and bitwise the same parameters.
+  std::string ref_log, ref_params;
+  uint64_t latest_first = 0;
+  for (int r = 0; r < s.np; ++r) {
+    if (r == s.victim) continue;
+    const std::string out = read_file(s.dir + "/out." + std::to_string(r));
+    const size_t a = out.find("first_commit_after "), b = out.find("params");
+    const std::string lg = out.substr(0, a), pr = out.substr(b);
+    latest_first = std::max<uint64_t>(latest_first, std::strtoull(out.c_str() + a + 19, nullptr, 10));
+    if (ref_log.empty()) ref_log = lg, ref_params = pr;
+    if (lg != ref_log) return "membership logs differ:\n" + ref_log + "against\n" + lg;
+    if (pr != ref_params) return "the survivors' parameters differ (rank " + std::to_string(r) + ")";
+  }
+  // The float64 replay of the log.
+  std::vector<std::vector<double>> p(s.sizes.size());
+  for (size_t g = 0; g < s.sizes.size(); ++g) {
+    p[g].resize(s.sizes[g]);
+    for (size_t i = 0; i < s.sizes[g]; ++i) p[g][i] = init_value(g, i);
+  }
+  std::istringstream in(ref_log);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    int k = 0;
+    std::istringstream ls(line.substr(5));
+    ls >> k;
+    ls.ignore(1);
+    std::vector<int> who;
+    for (int x; ls >> x;) who.push_back(x);
+    if (k != lines++) return "the log skips a step: " + line;
+    for (size_t g = 0; g < s.sizes.size(); ++g)
+      for (size_t i = 0; i < s.sizes[g]; ++i) {
+        double sum = 0;
+        for (int x : who) sum += grad_value(x, k, g, i);
+        p[g][i] -= kLr * (sum / static_cast<double>(who.size()));
+      }
+  }
+  if (lines != kSteps) return "the log holds " + std::to_string(lines) + " steps";
+  std::istringstream ps(ref_params.substr(6));
+  double worst = 0;
+  for (size_t g = 0; g < s.sizes.size(); ++g)
+    for (size_t i = 0; i < s.sizes[g]; ++i) {
+      std::string t;
+      ps >> t;
+      worst = std::max(worst, std::fabs(std::strtod(t.c_str(), nullptr) - p[g][i]));
+    }
+  if (!(worst <= 1e-5)) return "parameters off the float64 replay by " + std::to_string(worst);
+  const uint64_t death = std::strtoull(read_file(s.dir + "/death").c_str(), nullptr, 10);
+  if (latest_first && death) {
+    *recovery_ms = (static_cast<double>(latest_first) - static_cast<double>(death)) / 1e6;
+    if (*recovery_ms > kTimeoutMs + 1000) return "the first step after the death came " + std::to_string(*recovery_ms) + " ms later";
+  }
+  return "";
+}
+
+// A port the kernel hands out now (rank 0's store binds it again a moment later).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? std::atoi(argv[1]) : 12;
+  const unsigned seed = argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10))
+                                 : static_cast<unsigned>(now_ns() % 1000000);
+  std::printf("elastic: %d scenarios, seed %u (rerun: elastic %d %u)\n", n, seed, n, seed);
+  std::mt19937 rng(seed);
+  int pass = 0, fail = 0;
+  std::vector<double> rec;
+  char tmpl[] = "/tmp/ddp-elastic.XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  for (int k = 0; k < n; ++k) {
+    Scenario s;
+    s.np = 3 + static_cast<int>(rng() % 2);
+    s.tcp = rng() % 3 == 0;
+    s.victim = s.tcp ? 1 + static_cast<int>(rng() % static_cast<unsigned>(s.np - 1))
+                     : static_cast<int>(rng() % static_cast<unsigned>(s.np));
+    s.step = static_cast<int>(rng() % (kSteps - 2));
+    s.point = static_cast<int>(rng() % kPoints);
+    s.layout = static_cast<int>(rng() % 2);
+    s.streams = 1 + static_cast<int>(rng() % 2);
+    const int ng = 2 + static_cast<int>(rng() % 5);
+    for (int g = 0; g < ng; ++g) s.sizes.push_back(1 + rng() % 20000);
+    s.ready = static_cast<int>(rng() % static_cast<unsigned>(ng));
+    s.delay_us = static_cast<int>(rng() % 3000);
+    s.dir = root + "/s" + std::to_string(k);
+    mkdir(s.dir.c_str(), 0700);
+    if (s.tcp) {
+      s.store = "tcp://127.0.0.1:" + std::to_string(free_port());
+    } else {
+      mkdir((s.dir + "/store").c_str(), 0700);
+      s.store = "file://" + s.dir + "/store";
+    }
+    const char* only = std::getenv("ELASTIC_ONLY");  // one scenario of the seed's sequence
+    if (only && std::atoi(only) != k) continue;
+    double ms = -1;
+    const std::string why = run(s, &ms);
+    char what[256];
+    std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d killed at step %d %s", s.np,
+                  s.tcp ? "tcp" : "file", s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step,
+                  point_name(s.point));
+    if (why.empty()) {
+      ++pass;
+      if (ms >= 0) rec.push_back(ms);
+      std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
+    } else {
+      ++fail;
+      std::printf("  FAIL %s: %s\n", what, why.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (!rec.empty()) {
+    std::sort(rec.begin(), rec.end());
+    std::printf("elastic: first committed step after a death: median %.0f ms, worst %.0f ms (timeout_ms %lld)\n",
+                rec[rec.size() / 2], rec.back(), static_cast<long long>(kTimeoutMs));
+  }
+  if (fail == 0) std::system(("rm -rf " + root).c_str());
+  std::printf("elastic: %d passed, %d failed\n", pass, fail);
+  return fail == 0 ? 0 : 1;
+}
