@@ -21,8 +21,8 @@ Error Context::lose(const Error& e) {
   if (bcast_) bcast_->sever();
   if (timeline_) timeline_->flush();
   log(DDP_LOG_WARN, "libddp: %s", lost_reason_.c_str());
-  return Error(DDP_ERR_RANK_LOST, "a rank was lost; call ddp_recover, then go on with the next iteration: " +
-                                      lost_reason_);
+  return Error(DDP_ERR_RANK_LOST,
+               "a rank was lost; call ddp_recover, then go on with the next iteration: " + lost_reason_);
 }
 
 // The plan every survivor goes on with: the new rank 0's. A failed first iteration may have left

@@ -76,13 +76,13 @@ float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 +
   _exit(99);
 }
 
-#define CHECK_OK(call)                                                                                   \
-  do {                                                                                                   \
-    ddp_status_t st_ = (call);                                                                           \
-    if (st_ != DDP_SUCCESS) {                                                                            \
+#define CHECK_OK(call)                                                                                              \
+  do {                                                                                                              \
+    ddp_status_t st_ = (call);                                                                                      \
+    if (st_ != DDP_SUCCESS) {                                                                                       \
       std::fprintf(stderr, "rank id %d: %s failed: %s: %s\n", id, #call, ddp_status_string(st_), ddp_last_error()); \
-      _exit(3);                                                                                          \
-    }                                                                                                    \
+      _exit(3);                                                                                                     \
+    }                                                                                                               \
   } while (0)
 
 // One rank's run; `id` is its rank at creation (its identity: the membership log names ids).
@@ -308,7 +308,8 @@ std::string run(const Scenario& s, double* recovery_ms) {
   const uint64_t death = std::strtoull(read_file(s.dir + "/death").c_str(), nullptr, 10);
   if (latest_first && death) {
     *recovery_ms = (static_cast<double>(latest_first) - static_cast<double>(death)) / 1e6;
-    if (*recovery_ms > kTimeoutMs + 1000) return "the first step after the death came " + std::to_string(*recovery_ms) + " ms later";
+    if (*recovery_ms > kTimeoutMs + 1000)
+      return "the first step after the death came " + std::to_string(*recovery_ms) + " ms later";
   }
   return "";
 }
@@ -332,8 +333,8 @@ int free_port() {
 
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 12;
-  const unsigned seed = argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10))
-                                 : static_cast<unsigned>(now_ns() % 1000000);
+  const unsigned seed =
+      argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)) : static_cast<unsigned>(now_ns() % 1000000);
   std::printf("elastic: %d scenarios, seed %u (rerun: elastic %d %u)\n", n, seed, n, seed);
   std::mt19937 rng(seed);
   int pass = 0, fail = 0;

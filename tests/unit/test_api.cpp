@@ -106,6 +106,24 @@ TEST_CASE("config: defaults, and every bad field is refused with its name") {
       {"host_piece_bytes", [](ddp_config_t* x) { x->host_piece_bytes = SIZE_MAX; }},
       {"_FP16 (2) or _INT8 (3)", [](ddp_config_t* x) { x->compression = 4; }},
       {"compression", [](ddp_config_t* x) { x->compression = -1; }},
+      {"config.elastic is not available with config.shard",
+       [](ddp_config_t* x) {
+         x->elastic = 1;
+         x->shard = 1;
+         x->layout = DDP_LAYOUT_ARENA;
+         x->plan_order = DDP_PLAN_REGISTRATION;
+       }},
+      {"config.elastic is not available with config.uneven_inputs",
+       [](ddp_config_t* x) {
+         x->elastic = 1;
+         x->uneven_inputs = DDP_UNEVEN_BY_WORLD;
+       }},
+      {"config.elastic is not available with config.stream_comms",
+       [](ddp_config_t* x) {
+         static ddp_comm_t one[1] = {nullptr};
+         x->elastic = 1;
+         x->stream_comms = one;
+       }},
       {"DDP_COMPRESS_INT8 is not available with config.shard",
        [](ddp_config_t* x) {
          x->compression = DDP_COMPRESS_INT8;

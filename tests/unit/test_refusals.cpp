@@ -358,3 +358,30 @@ TEST_CASE("ddp_set_sync: ranks that disagree fail with DDP_ERR_MISMATCH at the f
     CHECK(has(o.message, "before this synced iteration: rank 0: 0; rank 1: 1"));
   }
 }
+
+TEST_CASE("elastic: refused where the communicator cannot be rebuilt; ddp_recover outside a loss is refused") {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.elastic = 1;
+  ddp_comm_t self;
+  REQUIRE(ddp_comm_init_self(&self) == DDP_SUCCESS);
+  ddp_t d = nullptr;
+  CHECK_STATUS(ddp_create(self, &cfg, &d), DDP_ERR_UNSUPPORTED,
+               "config.elastic needs a communicator that can be rebuilt");
+  CHECK(d == nullptr);
+  // A context that is not elastic, and an elastic one that lost no rank: nothing to recover.
+  REQUIRE(ddp_create(self, nullptr, &d) == DDP_SUCCESS);
+  ddp_membership_t m;
+  CHECK_STATUS(ddp_recover(d, &m, nullptr, 0), DDP_ERR_INVALID_STATE, "not elastic");
+  int members[4];
+  CHECK_STATUS(ddp_recover(d, &m, nullptr, 4), DDP_ERR_INVALID_ARGUMENT, "members is NULL with capacity 4");
+  CHECK_STATUS(ddp_recover(nullptr, &m, members, 4), DDP_ERR_INVALID_ARGUMENT, "");
+  ddp_destroy(d);
+  // Local groups are not rebuilt (yet): refused by name, on every rank alike.
+  CHECK(on_ranks(2, [&](int, ddp_comm_t comm) {
+          ddp_t e = nullptr;
+          return ddp_create(comm, &cfg, &e) == DDP_ERR_UNSUPPORTED && e == nullptr &&
+                 std::strstr(ddp_last_error(), "MPI cannot shrink a communicator") != nullptr;
+        }) == 0);
+  ddp_comm_destroy(self);
+  CHECK(std::string(ddp_status_string(DDP_ERR_RANK_LOST)) == "a rank was lost: call ddp_recover");
+}
