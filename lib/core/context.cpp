@@ -160,6 +160,11 @@ void Context::commit_locked() {
   } catch (const Error& e) {
     // Ranks disagree, one did not come, or a buffer could not be had: nothing sensible can follow.
     // A timeout says who did not come (the stall inspector's picture), as a backward pass's does.
+    // An elastic context that lost a rank here commits again over the survivors after ddp_recover.
+    if (cfg_.c.elastic && !aborted_ && (e.status() == DDP_ERR_TIMEOUT || e.status() == DDP_ERR_ABORTED)) {
+      reducer_.reset();
+      throw lose(e);
+    }
     if (e.status() != DDP_ERR_TIMEOUT) {
       abort(e);
       throw;

@@ -68,7 +68,7 @@ class Context {
   // The reducer over the committed registrations, with `plan`.
   void make_reducer(Plan plan);
   // Elastic: the plan the survivors go on with (the new rank 0's).
-  Plan agreed_plan(const Plan& mine, Deadline dl);
+  std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
   void rebuild(std::unique_ptr<Comm> comm, Deadline dl);
   // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank

@@ -25,19 +25,24 @@ Error Context::lose(const Error& e) {
                "a rank was lost; call ddp_recover, then go on with the next iteration: " + lost_reason_);
 }
 
-// The plan every survivor goes on with: the new rank 0's. A failed first iteration may have left
-// some ranks with the learned plan (they received it before the failure) and others without; each
-// would then run a different first collective.
-Plan Context::agreed_plan(const Plan& mine, Deadline dl) {
+// The plan every survivor goes on with: the new rank 0's (none: every rank commits again). A failed
+// first iteration may have left some ranks with the learned plan and others without, and a loss in
+// ddp_commit some ranks committed and others not; each would then run different collectives.
+std::unique_ptr<Plan> Context::agreed_plan(const Plan* mine, Deadline dl) {
   std::vector<int64_t> wire(2 + 2 * specs_.size(), 0);
-  if (rank_ == 0 && mine.learned) {
-    const std::vector<int64_t> s = mine.serialize();
-    wire[0] = 1;
-    std::copy(s.begin(), s.end(), wire.begin() + 1);
+  if (rank_ == 0 && mine) {
+    wire[0] = mine->learned ? 2 : 1;
+    if (mine->learned) {
+      const std::vector<int64_t> s = mine->serialize();
+      std::copy(s.begin(), s.end(), wire.begin() + 1);
+    }
   }
   ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, dl);
-  if (wire[0] == 0) return registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams);
-  return Plan::deserialize(wire.data() + 1, wire.size() - 1, specs_, cfg_.c.num_streams);
+  if (wire[0] == 0) return nullptr;
+  if (wire[0] == 1)
+    return std::unique_ptr<Plan>(new Plan(registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams)));
+  return std::unique_ptr<Plan>(
+      new Plan(Plan::deserialize(wire.data() + 1, wire.size() - 1, specs_, cfg_.c.num_streams)));
 }
 
 void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
@@ -120,8 +125,7 @@ void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
   wire_totals(true, wire);
   wire_carried_[0] = wire[0] + wire_base_[0];
   wire_carried_[1] = wire[1] + wire_base_[1];
-  const bool had_reducer = static_cast<bool>(reducer_);
-  const Plan plan = had_reducer ? reducer_->plan() : Plan();
+  std::unique_ptr<Plan> plan(reducer_ ? new Plan(reducer_->plan()) : nullptr);
   reducer_.reset();
   streams_.clear();
   prober_.reset();
@@ -135,9 +139,14 @@ void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
     ctrl_ = base_->dup();
     attach(*base_);
   }
-  if (had_reducer) {
-    make_reducer(agreed_plan(plan, dl));
+  plan = agreed_plan(plan.get(), dl);
+  if (plan) {  // registration closed (rank 0 committed, so every rank's registrations matched)
+    make_reducer(*plan);
+    learner_.reset(specs_.size());
+    scratch_unused_.reserve(specs_.size());
     state_ = State::Idle;
+  } else {
+    state_ = State::Open;  // the next call that closes registration commits over the survivors
   }
   learning_ = false;
   user_stream_ = nullptr;
