@@ -11,7 +11,7 @@ module LibDDP
 
 using Libdl
 
-export Comm, DDP, DDPError, register!, begin_backward, grad_ready, finish_backward, backward, set_sync,
+export Comm, DDP, DDPError, recover, register!, begin_backward, grad_ready, finish_backward, backward, set_sync,
        no_sync, reduce_all, synchronize, stats, plan, grad_array, rank, nranks
 
 # The header's types, constants (F32, ERR_TIMEOUT, VERSION_CODE, ...), struct layouts and FUNCTIONS,
@@ -251,6 +251,18 @@ function join_uneven(d::DDP)
     at = Ref{Int64}(0)
     check(ccall(sym(:ddp_join), Cint, (Ptr{Cvoid}, Ref{Int64}), handle(d), at))
     return Int(at[])
+end
+
+"""`recover(d, old_world)` (ddp_recover): elastic contexts (`elastic = 1`), after a call failed with
+DDP_ERR_RANK_LOST: agrees with the other live ranks on the new membership and rebuilds the context over
+it. Returns `(membership, members)`: the ddp_membership_t and, for each new rank, its number in the old
+world. Every rank should then take the state of `membership.source` (`broadcast`). Collective."""
+function recover(d::DDP, old_world::Integer)
+    m = Ref{ddp_membership_t}()
+    members = fill(Cint(-1), max(1, old_world))
+    check(ccall(sym(:ddp_recover), Cint, (Ptr{Cvoid}, Ref{ddp_membership_t}, Ptr{Cint}, Csize_t), handle(d), m,
+                members, length(members)))
+    return m[], Int.(members[1:m[].world])
 end
 
 const HOST_DTYPES = Dict(Float16 => F16, Float32 => F32, Float64 => F64, Int32 => I32, Int64 => I64)

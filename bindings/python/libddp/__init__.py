@@ -11,8 +11,8 @@ system search path.
 from . import _lib
 from .errors import (DDPError, InvalidArgumentError, InvalidStateError, MismatchError, OutOfMemoryError,
                      UnsupportedError, CudaError, NcclError, MpiError, DDPTimeoutError, AbortedError,
-                     InternalError, ClosedError, from_status)
-from .core import (Comm, LocalGroup, DDP, Stats, Bucket, Plan, Shard, F16, BF16, F32, F64, dtype_code, buffer_info,
+                     InternalError, RankLostError, ClosedError, from_status)
+from .core import (Comm, LocalGroup, DDP, Stats, Bucket, Plan, Shard, Membership, F16, BF16, F32, F64, dtype_code, buffer_info,
                    make_config)
 
 library_path = _lib.path
@@ -53,5 +53,5 @@ def set_log_callback(fn):
 
 __all__ = ["Comm", "LocalGroup", "DDP", "DDPError", "InvalidArgumentError", "InvalidStateError", "MismatchError",
            "OutOfMemoryError", "UnsupportedError", "CudaError", "NcclError", "MpiError", "DDPTimeoutError",
-           "AbortedError", "InternalError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
+           "AbortedError", "InternalError", "RankLostError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
            "version", "status_string", "library_path", "set_log_callback", "LOG_WARN", "LOG_INFO"]

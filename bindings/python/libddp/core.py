@@ -254,6 +254,8 @@ class LocalGroup(_Handle):
 Stats = namedtuple("Stats", [f for f, _ in L.ddp_stats_t._fields_ if f != "size"])
 Bucket = namedtuple("Bucket", "dtype wire numel grads stream")
 Plan = namedtuple("Plan", "learned buckets")
+# What DDP.recover() agreed on (ddp_membership_t), with `members`: each new rank's number in the old world.
+Membership = namedtuple("Membership", "epoch rank world old_rank old_world source behind committed members")
 Shard = namedtuple("Shard", "dtype bucket_numel shard_numel shard_offset arena_offset grad_ptr param_ptr grads_numel")
 
 
@@ -354,6 +356,7 @@ class DDP(_Handle):
         L.lib.ddp_create(comm._handle(), ctypes.byref(cfg), ctypes.byref(h))
         self._h = h.value
         self._keep = keep
+        self._world = comm.size  # elastic: the world before the next recovery
         self.arena = cfg.layout == L.DDP_LAYOUT_ARENA
         self._grads = []     # (numel, dtype, is_device) per index
         self._buffers = {}   # index -> the object whose memory the library uses (copy layout)
@@ -594,6 +597,19 @@ class DDP(_Handle):
     def barrier(self):
         """Returns when every rank has called it. Collective."""
         L.lib.ddp_barrier(self._handle())
+
+    def recover(self):
+        """Elastic contexts (elastic=True), after a call raised RankLostError: agrees with the other live
+        ranks on the new membership and rebuilds the context over it (see ddp_recover in ddp.h). Returns
+        a Membership; every rank should then take the state of `source` (broadcast(..., root=source))
+        and go on from iteration `committed`. Raises RankLostError when this rank was left out.
+        Collective over the surviving ranks."""
+        m = L.ddp_membership_t()
+        members = (ctypes.c_int * max(1, self._world))()
+        L.lib.ddp_recover(self._handle(), ctypes.byref(m), members, len(members))
+        self._world = m.world
+        return Membership(m.epoch, m.rank, m.world, m.old_rank, m.old_world, m.source, bool(m.behind), m.committed,
+                          tuple(members[:m.world]))
 
     # -- sharded contexts (shard=True) -----------------------------------------------------------
     def shard(self, bucket):

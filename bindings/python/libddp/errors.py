@@ -15,6 +15,7 @@ MPI = H.DDP_ERR_MPI
 TIMEOUT = H.DDP_ERR_TIMEOUT
 ABORTED = H.DDP_ERR_ABORTED
 INTERNAL = H.DDP_ERR_INTERNAL
+RANK_LOST = H.DDP_ERR_RANK_LOST
 
 
 class DDPError(RuntimeError):
@@ -76,13 +77,19 @@ class InternalError(DDPError):
     status = INTERNAL
 
 
+class RankLostError(DDPError):
+    """Elastic contexts (elastic=True): a peer was lost and this iteration was not committed (skip its
+    update); call DDP.recover(), take the state of the returned membership's source, and go on."""
+    status = RANK_LOST
+
+
 class ClosedError(InvalidStateError):
     """A method was called on a Comm or DDP after close(). Raised by the binding, not the library."""
 
 
 BY_STATUS = {c.status: c for c in (InvalidArgumentError, InvalidStateError, MismatchError, OutOfMemoryError,
                                    UnsupportedError, CudaError, NcclError, MpiError, DDPTimeoutError,
-                                   AbortedError, InternalError)}
+                                   AbortedError, InternalError, RankLostError)}
 
 
 def from_status(status, message):

@@ -141,3 +141,60 @@ def test_comm_gloo_bad_method_names_it():
         return
     with pytest.raises(libddp.InvalidArgumentError, match="udp://x"):
         libddp.Comm.gloo("udp://x", 0, 2)
+
+
+ELASTIC = r"""
+import os, signal, sys
+import numpy as np
+import libddp
+rank, n, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+comm = libddp.Comm.gloo(store, rank, n)
+ddp = libddp.DDP(comm, elastic=True, timeout_ms=20000, message_size=1000)
+params = [np.linspace(0, 1, 3000, dtype=np.float32), np.linspace(1, 2, 500, dtype=np.float32)]
+grads = [np.zeros_like(p) for p in params]
+for g in grads:
+    ddp.register(g)
+ids, step, lost = list(range(n)), 0, None
+while step < 6:
+    if rank == n - 1 and step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # the victim
+    try:
+        ddp.begin_backward()
+        for i, g in enumerate(grads):
+            g[:] = (rank + 1) * (i + 1) * 0.01
+            ddp.grad_ready(i)
+        ddp.finish_backward()
+    except libddp.RankLostError as e:
+        m = ddp.recover()
+        lost = m
+        ids = [ids[r] for r in m.members]
+        ddp.broadcast(params, root=m.source)
+        step = m.committed
+        continue
+    for p, g in zip(params, grads):
+        p -= 0.1 * g
+    step += 1
+np.save(out, np.concatenate(params))
+print("rank %d: membership epoch %d, world %d, members %s" % (rank, lost.epoch, lost.world, ids))
+"""
+
+
+@needs_gloo
+def test_elastic_survivors_recover_from_a_killed_rank(tmp_path):
+    """Three processes over a file store; the last one SIGKILLs itself at step 2: the others get
+    RankLostError, recover() over the two of them, and end with the same parameters."""
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC)
+    store = tmp_path / "store"
+    store.mkdir()
+    e = dict(os.environ, PYTHONPATH=CHILD_PATH, GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([PYTHON, str(script), str(r), "3", "file://%s" % store, str(tmp_path / ("p%d.npy" % r))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e) for r in range(3)]
+    outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    assert procs[2].returncode == -9, outs[2]
+    for r in (0, 1):
+        assert procs[r].returncode == 0, outs[r]
+        assert "membership epoch 1, world 2, members [0, 1]" in outs[r], outs[r]
+    import numpy as np
+    a, b = np.load(tmp_path / "p0.npy"), np.load(tmp_path / "p1.npy")
+    assert a.tobytes() == b.tobytes()

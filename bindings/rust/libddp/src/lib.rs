@@ -228,6 +228,8 @@ pub struct Config {
     pub compression: i32,
     /// Uneven inputs (`Ddp::join`): `sys::DDP_UNEVEN_OFF`, `_BY_CONTRIBUTORS` or `_BY_WORLD`.
     pub uneven_inputs: i32,
+    /// Elastic (0/1): a lost peer ends the call with `DDP_ERR_RANK_LOST`; `Ddp::recover` goes on.
+    pub elastic: i32,
 }
 
 // The library's defaults for this crate's ddp_config_t (the sized call: the unsized symbol writes
@@ -262,6 +264,7 @@ impl Default for Config {
             shard: c.shard != 0,
             compression: c.compression,
             uneven_inputs: c.uneven_inputs,
+            elastic: c.elastic,
         }
     }
 }
@@ -289,6 +292,7 @@ impl Config {
         c.shard = self.shard as c_int;
         c.compression = self.compression;
         c.uneven_inputs = self.uneven_inputs;
+        c.elastic = self.elastic;
         Ok(c)
     }
 }
@@ -642,6 +646,17 @@ impl Ddp {
     /// Returns when every rank has called it (bounded by the timeout). Collective.
     pub fn barrier(&mut self) -> Result<()> {
         check(unsafe { sys::ddp_barrier(self.raw) })
+    }
+    /// Elastic contexts, after a call failed with `DDP_ERR_RANK_LOST`: agrees with the other live ranks
+    /// on the new membership and rebuilds the context over it. Returns the membership and, for each new
+    /// rank, its number in the old world; every rank should then take the state of `source` (`broadcast`).
+    /// Collective over the surviving ranks.
+    pub fn recover(&mut self, old_world: usize) -> Result<(sys::ddp_membership_t, Vec<i32>)> {
+        let mut m = sys::ddp_membership_t::default();
+        let mut members = vec![-1 as c_int; old_world.max(1)];
+        check(unsafe { sys::ddp_recover(self.raw, &mut m, members.as_mut_ptr(), members.len()) })?;
+        members.truncate(m.world.max(0) as usize);
+        Ok((m, members))
     }
     pub fn stats(&self) -> Result<sys::ddp_stats_t> {
         let mut s = sys::ddp_stats_t { size: std::mem::size_of::<sys::ddp_stats_t>(), ..Default::default() };
