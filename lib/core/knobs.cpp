@@ -99,6 +99,8 @@ std::string job_id() {
 
 int64_t init_progress_ms() { return integer("DDP_INIT_PROGRESS_MS", 0, int64_t(1) << 62, 5000); }
 
+bool store_external() { return integer("DDP_STORE_EXTERNAL", 0, 1, 0) != 0; }
+
 bool host_simd() { return integer("DDP_HOST_SIMD", 0, 1, 1) != 0; }
 
 std::string text(const char* name) {

@@ -33,6 +33,10 @@ int port(const char* what, const char* value);
 // DDP_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID: the job a rank belongs to, checked against the
 // rendezvous store's ("" when neither is set).
 std::string job_id();
+// DDP_STORE_EXTERNAL: 1 when the TCP store of env:// and tcp:// is served by its own process
+// (tools/ddp_store, started by ddp_launch --elastic) so that it outlives every rank: rank 0 then
+// connects to it as the others do instead of serving it (0 .. 1; default 0).
+bool store_external();
 // DDP_INIT_PROGRESS_MS: while ranks are missing at start-up, a progress line this often (0 .. 2^62 ms,
 // 0 none; default 5000).
 int64_t init_progress_ms();

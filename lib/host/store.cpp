@@ -322,7 +322,7 @@ constexpr const char* kEnvHint =
 
 std::shared_ptr<Store> open_tcp(const std::string& host, int port, int rank, Deadline dl, std::string* local) {
   std::unique_ptr<TcpStoreServer> server;
-  if (rank == 0) server.reset(new TcpStoreServer(port));
+  if (rank == 0 && !knobs::store_external()) server.reset(new TcpStoreServer(port));
   const std::string where = host + ":" + std::to_string(port);
   tcp::Socket s =
       tcp::connect_to(host, port, dl, "rank " + std::to_string(rank) + ": the rendezvous store at " + where);
@@ -349,6 +349,12 @@ Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl);
 }  // namespace
 
 int env_store_port(int master_port) { return knobs::store_port(master_port); }
+
+void serve_store(int port, const std::function<void(int)>& listening, const std::function<bool()>& stop) {
+  TcpStoreServer server(port);
+  listening(server.port());
+  while (!stop()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
 
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl) {
   return open_rendezvous(init_method, rank, size, dl, knobs::job_id());

@@ -5,6 +5,7 @@
 // exchange their addresses through it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,11 @@ void join_rendezvous(const Rendezvous& rv, const std::string& job, Deadline dl);
 // Once every rank has passed its arrival (after a barrier over the communicator made): rank 0 erases
 // the arrival's keys. Once per rendezvous.
 void settle_rendezvous(const Rendezvous& rv);
+
+// The TCP store's server alone, for a process that hosts a job's store for its whole life
+// (tools/ddp_store; the ranks then set DDP_STORE_EXTERNAL=1): listens on `port` (0: any), calls
+// `listening` with the port bound, and serves until `stop` (polled every 100 ms) returns true.
+void serve_store(int port, const std::function<void(int)>& listening, const std::function<bool()>& stop);
 
 // The port the TCP store of env:// listens on: DDP_STORE_PORT if set, else MASTER_PORT + 1 (MASTER_PORT
 // itself belongs to torchrun's or torch.distributed's own store in the same job).

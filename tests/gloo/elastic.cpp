@@ -7,7 +7,8 @@
 // others' and equal (to float rounding) a float64 replay driven by the membership log, no process
 // may hang or crash, and the survivors' first committed step must come within timeout_ms + 1 s of
 // the death. Prints "elastic: P passed, F failed".
-// Usage: elastic [SCENARIOS [SEED]]  (default 12 scenarios, seed from the clock). ELASTIC_VERBOSE=1:
+// Usage: elastic [SCENARIOS [SEED]]  (default 12 scenarios, seed from the clock). ELASTIC_STORE_BIN:
+// tools/ddp_store, for scenarios whose TCP store outlives every rank (rank 0 may die); ELASTIC_VERBOSE=1:
 // the ranks' stderr on the terminal; ELASTIC_ONLY=K: only scenario K of the sequence.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -55,7 +56,8 @@ const char* point_name(int p) {
 struct Scenario {
   int np = 3, victim = 0, step = 0, point = 0, ready = 0, delay_us = 0, layout = 0, streams = 1;
   int64_t timeout_ms = kTimeoutMs;
-  bool tcp = false;  // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
+  bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
+  bool external = false;  // tcp:// served by tools/ddp_store (any rank may die)
   std::vector<size_t> sizes;
   std::string store;
   std::string dir;
@@ -225,12 +227,46 @@ std::string read_file(const std::string& p) {
   return ss.str();
 }
 
+// tools/ddp_store on a free port: its pid, and the port in *port (0: it did not start).
+pid_t start_store(const char* bin, int* port) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t p = fork();
+  if (p == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    execl(bin, bin, "0", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  char line[128] = "";
+  std::FILE* f = fdopen(fds[0], "r");
+  if (!f || !std::fgets(line, sizeof line, f) || std::sscanf(line, "ddp_store: listening on port %d", port) != 1)
+    *port = 0;
+  if (f) std::fclose(f);
+  return p;
+}
+
 // Runs one scenario; returns "" when it passed, else why not.
-std::string run(const Scenario& s, double* recovery_ms) {
+std::string run(Scenario s, double* recovery_ms) {
   std::vector<pid_t> pids;
+  pid_t store = -1;
+  if (s.external) {
+    int port = 0;
+    store = start_store(std::getenv("ELASTIC_STORE_BIN"), &port);
+    if (port == 0) return "tools/ddp_store did not start";
+    s.store = "tcp://127.0.0.1:" + std::to_string(port);
+  }
+  struct StopStore {
+    pid_t pid;
+    ~StopStore() {
+      if (pid > 0) kill(pid, SIGTERM), waitpid(pid, nullptr, 0);
+    }
+  } stop_store{store};
   for (int r = 0; r < s.np; ++r) {
     const pid_t p = fork();
     if (p == 0) {
+      if (s.external) setenv("DDP_STORE_EXTERNAL", "1", 1);
       if (!std::getenv("ELASTIC_VERBOSE")) {
         std::FILE* f = std::freopen((s.dir + "/err." + std::to_string(r)).c_str(), "w", stderr);
         (void)f;
@@ -256,9 +292,10 @@ std::string run(const Scenario& s, double* recovery_ms) {
   if (left > 0) {
     why = "hang: " + std::to_string(left) + " processes still running after 90 s";
     for (int r = 0; r < s.np; ++r)
-      if (status[static_cast<size_t>(r)] == -1) kill(pids[static_cast<size_t>(r)], SIGKILL);
-    while (waitpid(-1, nullptr, 0) > 0) {
-    }
+      if (status[static_cast<size_t>(r)] == -1) {
+        kill(pids[static_cast<size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<size_t>(r)], nullptr, 0);
+      }
     return why;
   }
   for (int r = 0; r < s.np; ++r) {
@@ -366,12 +403,13 @@ int main(int argc, char** argv) {
     Scenario s;
     s.np = 3 + static_cast<int>(rng() % 2);
     s.tcp = rng() % 3 == 0;
-    s.victim = s.tcp ? 1 + static_cast<int>(rng() % static_cast<unsigned>(s.np - 1))
-                     : static_cast<int>(rng() % static_cast<unsigned>(s.np));
+    s.external = s.tcp && std::getenv("ELASTIC_STORE_BIN") && rng() % 2 == 0;
+    s.victim = s.tcp && !s.external ? 1 + static_cast<int>(rng() % static_cast<unsigned>(s.np - 1))
+                                    : static_cast<int>(rng() % static_cast<unsigned>(s.np));
     s.step = static_cast<int>(rng() % (kSteps - 2));
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
-    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = false;
+    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
     s.layout = static_cast<int>(rng() % 2);
     s.streams = 1 + static_cast<int>(rng() % 2);
     const int ng = 2 + static_cast<int>(rng() % 5);
@@ -392,8 +430,10 @@ int main(int argc, char** argv) {
     const std::string why = run(s, &ms);
     char what[256];
     std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s", s.np,
-                  s.tcp ? "tcp" : "file", s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step,
-                  point_name(s.point));
+                  s.external ? "ddp_store"
+                  : s.tcp    ? "tcp"
+                             : "file",
+                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point));
     if (why.empty()) {
       ++pass;
       if (ms >= 0) rec.push_back(ms);

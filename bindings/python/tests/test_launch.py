@@ -147,7 +147,12 @@ ELASTIC = r"""
 import os, signal, sys
 import numpy as np
 import libddp
-rank, n, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+store, out, victim = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if store == "env://":  # started by ddp_launch --elastic: its own store process outlives rank 0
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+else:
+    rank, n = int(sys.argv[4]), int(sys.argv[5])
+out = out % rank
 comm = libddp.Comm.gloo(store, rank, n)
 ddp = libddp.DDP(comm, elastic=True, timeout_ms=20000, message_size=1000)
 params = [np.linspace(0, 1, 3000, dtype=np.float32), np.linspace(1, 2, 500, dtype=np.float32)]
@@ -156,7 +161,7 @@ for g in grads:
     ddp.register(g)
 ids, step, lost = list(range(n)), 0, None
 while step < 6:
-    if rank == n - 1 and step == 2:
+    if rank == victim and step == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # the victim
     try:
         ddp.begin_backward()
@@ -188,7 +193,7 @@ def test_elastic_survivors_recover_from_a_killed_rank(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     e = dict(os.environ, PYTHONPATH=CHILD_PATH, GLOO_SOCKET_IFNAME="lo")
-    procs = [subprocess.Popen([PYTHON, str(script), str(r), "3", "file://%s" % store, str(tmp_path / ("p%d.npy" % r))],
+    procs = [subprocess.Popen([PYTHON, str(script), "file://%s" % store, str(tmp_path / "p%d.npy"), "2", str(r), "3"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e) for r in range(3)]
     outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
     assert procs[2].returncode == -9, outs[2]
@@ -197,4 +202,19 @@ def test_elastic_survivors_recover_from_a_killed_rank(tmp_path):
         assert "membership epoch 1, world 2, members [0, 1]" in outs[r], outs[r]
     import numpy as np
     a, b = np.load(tmp_path / "p0.npy"), np.load(tmp_path / "p1.npy")
+    assert a.tobytes() == b.tobytes()
+
+
+@needs_gloo
+def test_elastic_launch_survives_losing_rank_0(tmp_path):
+    """ddp_launch --elastic: the store lives in a ddp_store process, so the job goes on when rank 0
+    (which serves the store otherwise) is killed; ddp_launch reports the death and exits 0."""
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC)
+    rc, out = launch(3, ["--elastic", PYTHON, str(script), "env://", str(tmp_path / "p%d.npy"), "0"], timeout=120)
+    assert rc == 0, out
+    assert "rank 0 was killed by signal 9; the other ranks go on" in out, out
+    assert out.count("membership epoch 1, world 2, members [1, 2]") == 2, out
+    import numpy as np
+    a, b = np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy")
     assert a.tobytes() == b.tobytes()
