@@ -55,6 +55,10 @@ const char* point_name(int p) {
 
 struct Scenario {
   int np = 3, victim = 0, step = 0, point = 0, ready = 0, delay_us = 0, layout = 0, streams = 1;
+  // A second death (np 4): victim2 is killed before its backward at step2, or (in_recovery) as it
+  // enters the first recovery, so that the others' membership agreement loses it too.
+  int victim2 = -1, step2 = 0;
+  bool in_recovery = false;
   int64_t timeout_ms = kTimeoutMs;
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
   bool external = false;  // tcp:// served by tools/ddp_store (any rank may die)
@@ -79,8 +83,8 @@ float grad_value(int id, int step, size_t grad, size_t i) {
 }
 float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 + i) % 97) / 97.0f; }
 
-[[noreturn]] void die_now(const Scenario& s) {
-  std::ofstream(s.dir + "/death") << now_ns() << "\n";
+[[noreturn]] void die_now(const Scenario& s, bool first = true) {
+  if (first) std::ofstream(s.dir + "/death") << now_ns() << "\n";
   raise(SIGKILL);
   _exit(99);
 }
@@ -136,6 +140,7 @@ int worker(const Scenario& s, int id) {
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
   while (step < kSteps) {
     const bool dies_now = victim && step == s.step;
+    if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
     if (dies_now && s.point == BeforeBegin) die_now(s);
     if (dies_now && s.point == Stalls)  // past the others' timeout and their wait for late ranks
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * s.timeout_ms + 2000));
@@ -176,7 +181,12 @@ int worker(const Scenario& s, int id) {
     // Recover, then take the state of the rank that committed the most.
     ddp_membership_t m;
     std::vector<int> members(static_cast<size_t>(s.np), -1);
+    if (id == s.victim2 && s.in_recovery) die_now(s, false);
     st = ddp_recover(ddp, &m, members.data(), members.size());
+    // A survivor that died after checking in leaves the others waiting for its connection: they
+    // get DDP_ERR_TIMEOUT and try again, under a new name, without it.
+    for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries)
+      st = ddp_recover(ddp, &m, members.data(), members.size());
     if (victim && s.point == Stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
       ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
       ddp_comm_destroy(comm);
@@ -306,8 +316,8 @@ std::string run(Scenario s, double* recovery_ms) {
             "the stalled rank was not told it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim) {
-      if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "the victim was not killed; ";
+    if (r == s.victim || r == s.victim2) {
+      if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "a victim was not killed; ";
       continue;
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
@@ -320,7 +330,7 @@ std::string run(Scenario s, double* recovery_ms) {
   std::string ref_log, ref_params;
   uint64_t latest_first = 0;
   for (int r = 0; r < s.np; ++r) {
-    if (r == s.victim) continue;
+    if (r == s.victim || r == s.victim2) continue;
     const std::string out = read_file(s.dir + "/out." + std::to_string(r));
     const size_t a = out.find("first_commit_after "), b = out.find("params");
     const std::string lg = out.substr(0, a), pr = out.substr(b);
@@ -364,7 +374,7 @@ std::string run(Scenario s, double* recovery_ms) {
     }
   if (!(worst <= 1e-5)) return "parameters off the float64 replay by " + std::to_string(worst);
   const uint64_t death = std::strtoull(read_file(s.dir + "/death").c_str(), nullptr, 10);
-  if (latest_first && death) {
+  if (latest_first && death && s.victim2 < 0) {
     *recovery_ms = (static_cast<double>(latest_first) - static_cast<double>(death)) / 1e6;
     if (*recovery_ms > static_cast<double>(s.timeout_ms) + 1000)
       return "the first step after the death came " + std::to_string(*recovery_ms) + " ms later";
@@ -410,6 +420,12 @@ int main(int argc, char** argv) {
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
     if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
+    if (s.np == 4 && s.point != Stalls && rng() % 3 == 0) {
+      s.victim2 = (s.victim + 1 + static_cast<int>(rng() % 3)) % 4;
+      s.in_recovery = rng() % 2 == 0;
+      s.step2 = s.step + 1 + static_cast<int>(rng() % static_cast<unsigned>(kSteps - 2 - s.step));
+      if (s.tcp && !s.external && s.victim2 == 0) s.victim2 = -1;  // rank 0 holds the store
+    }
     s.layout = static_cast<int>(rng() % 2);
     s.streams = 1 + static_cast<int>(rng() % 2);
     const int ng = 2 + static_cast<int>(rng() % 5);
@@ -428,19 +444,25 @@ int main(int argc, char** argv) {
     if (only && std::atoi(only) != k) continue;
     double ms = -1;
     const std::string why = run(s, &ms);
-    char what[256];
-    std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s", s.np,
+    char second[96] = "";
+    if (s.victim2 >= 0)
+      std::snprintf(
+          second, sizeof second,
+          s.in_recovery ? "; rank %d killed entering the recovery" : "; rank %d killed before its backward at step %d",
+          s.victim2, s.step2);
+    char what[320];
+    std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s%s", s.np,
                   s.external ? "ddp_store"
                   : s.tcp    ? "tcp"
                              : "file",
-                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point));
+                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point), second);
     if (why.empty()) {
       ++pass;
       if (ms >= 0) rec.push_back(ms);
       if (ms >= 0)
         std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
       else
-        std::printf("  ok   %s (left out, told so)\n", what);
+        std::printf("  ok   %s (%s)\n", what, s.victim2 >= 0 ? "both recovered from" : "left out, told so");
     } else {
       ++fail;
       std::printf("  FAIL %s: %s\n", what, why.c_str());
