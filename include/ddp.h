@@ -403,37 +403,43 @@ typedef struct ddp_config {
    * can be rebuilt (Gloo; ddp_create says DDP_ERR_UNSUPPORTED for the others, naming them) and is
    * not available with config.shard, config.uneven_inputs or config.stream_comms. Default 0: off. */
   int elastic;
+  /* Version 5. Stragglers (see ddp_stats_t.straggler_rank): a warning through the log callback when
+   * one rank was late by at least this many milliseconds in 8 of the last 10 synced iterations, saying
+   * which rank and why (late to start its backward pass, slow backward, slow wire). 0 (default) is the
+   * library's choice, 100 ms. 0 .. 9.2e18. */
+  int64_t straggler_warning_ms;
 } ddp_config_t;
 
 /* The size of the first version of ddp_config_t, through inplace_min_numel: the smallest accepted. */
 #define DDP_CONFIG_V1_SIZE (offsetof(ddp_config_t, inplace_min_numel) + sizeof(size_t))
 
 /* The defaults, field by field, in declaration order. */
-#define DDP_CONFIG_INITIALIZER                                                      \
-  {                                                                                 \
-    sizeof(ddp_config_t),   /* size */                                              \
-        DDP_CONFIG_MAGIC,   /* magic */                                             \
-        DDP_CONFIG_VERSION, /* version */                                           \
-        10000000u,          /* message_size: 10M elements */                        \
-        0,                  /* delay_allreduce: off */                              \
-        DDP_LAYOUT_COPY,    /* layout */                                            \
-        DDP_PLAN_LEARNED,   /* plan_order */                                        \
-        0,                  /* allreduce_always_fp32: off */                        \
-        1,                  /* gradient_average: on */                              \
-        1.0,                /* gradient_predivide_factor */                         \
-        1,                  /* num_streams */                                       \
-        NULL,               /* stream_comms: the context duplicates its own comm */ \
-        300000,             /* timeout_ms: 5 minutes */                             \
-        DDP_UNUSED_ERROR,   /* unused_policy */                                     \
-        NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */    \
-        0,                  /* check_finite: off */                                 \
-        0,                  /* inplace_min_numel: the library's choice */           \
-        0,                  /* host_piece_bytes: the library's choice */            \
-        0,                  /* stall_warning_ms: the library's choice (60 s) */     \
-        0,                  /* shard: off */                                        \
-        DDP_COMPRESS_NONE,  /* compression: none */                                 \
-        DDP_UNEVEN_OFF,     /* uneven_inputs: off */                                \
-        0                   /* elastic: off */                                      \
+#define DDP_CONFIG_INITIALIZER                                                        \
+  {                                                                                   \
+    sizeof(ddp_config_t),   /* size */                                                \
+        DDP_CONFIG_MAGIC,   /* magic */                                               \
+        DDP_CONFIG_VERSION, /* version */                                             \
+        10000000u,          /* message_size: 10M elements */                          \
+        0,                  /* delay_allreduce: off */                                \
+        DDP_LAYOUT_COPY,    /* layout */                                              \
+        DDP_PLAN_LEARNED,   /* plan_order */                                          \
+        0,                  /* allreduce_always_fp32: off */                          \
+        1,                  /* gradient_average: on */                                \
+        1.0,                /* gradient_predivide_factor */                           \
+        1,                  /* num_streams */                                         \
+        NULL,               /* stream_comms: the context duplicates its own comm */   \
+        300000,             /* timeout_ms: 5 minutes */                               \
+        DDP_UNUSED_ERROR,   /* unused_policy */                                       \
+        NULL,               /* timeline_path: none (DDP_TIMELINE may set one) */      \
+        0,                  /* check_finite: off */                                   \
+        0,                  /* inplace_min_numel: the library's choice */             \
+        0,                  /* host_piece_bytes: the library's choice */              \
+        0,                  /* stall_warning_ms: the library's choice (60 s) */       \
+        0,                  /* shard: off */                                          \
+        DDP_COMPRESS_NONE,  /* compression: none */                                   \
+        DDP_UNEVEN_OFF,     /* uneven_inputs: off */                                  \
+        0,                  /* elastic: off */                                        \
+        0                   /* straggler_warning_ms: the library's choice (100 ms) */ \
   }
 
 /* Fills the first `size` bytes of *config with the defaults (the same as DDP_CONFIG_INITIALIZER) and
@@ -696,7 +702,30 @@ typedef struct ddp_stats {
    * other users' traffic on them. */
   uint64_t bytes_sent;
   uint64_t bytes_received;
+  /* Added in 0.2. Stragglers: after each synced iteration every rank knows how late each rank was,
+   * measured back from the iteration's end (the last bucket completes at nearly the same moment on
+   * every rank, so no clocks need to agree) and split by cause (ddp_late_t): late to start its
+   * backward pass (input: data, forward, optimizer), late to mark its last grad ready beyond that
+   * (compute: a slow backward), late to start its last bucket's collective beyond that (wire: its
+   * stream's worker behind). The times travel with the unused-grad report each iteration (with
+   * DDP_UNUSED_ZERO, in a 24-byte all-gather of their own). */
+  int straggler_rank;  /* the last synced iteration's latest rank, if at least 2 ms late; -1: none */
+  int straggler_kind;  /* ddp_late_t: why it was late; DDP_LATE_NONE when straggler_rank is -1 */
+  double straggler_ms; /* how late it was (ms) */
+  /* This rank's lateness (ms) by cause over its last 100 synced iterations: median and 99th percentile. */
+  double late_input_p50_ms, late_input_p99_ms;
+  double late_compute_p50_ms, late_compute_p99_ms;
+  double late_wire_p50_ms, late_wire_p99_ms;
+  uint64_t straggler_warnings; /* warnings given (config.straggler_warning_ms) */
 } ddp_stats_t;
+
+/* Why a rank was late (ddp_stats_t.straggler_kind). */
+typedef enum ddp_late {
+  DDP_LATE_NONE = 0,
+  DDP_LATE_INPUT = 1,   /* began its backward pass late */
+  DDP_LATE_COMPUTE = 2, /* marked its last grad ready late (a slow backward) */
+  DDP_LATE_WIRE = 3     /* started its last bucket's collective late */
+} ddp_late_t;
 
 DDP_API ddp_status_t ddp_get_stats(ddp_t ddp, ddp_stats_t* stats);
 

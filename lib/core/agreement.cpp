@@ -213,8 +213,14 @@ void check_sync_agreement(const std::vector<int32_t>& passes) {
        sides.c_str());
 }
 
-std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync) {
-  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1};
+void UnusedReport::times(std::vector<StepTimes>* out) const {
+  out->resize(all_.size());
+  for (size_t r = 0; r < all_.size(); ++r) (*out)[r] = all_[r].times;
+}
+
+std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync,
+                                   const StepTimes& mine) {
+  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1, mine};
   for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
   all_.resize(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all_.data(), sizeof me, dl);

@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/plan.hpp"
+#include "core/stragglers.hpp"
 
 namespace ddp {
 
@@ -55,7 +56,11 @@ class UnusedReport {
  public:
   // "rank 0: grads 3, 5; rank 2: grad 1", or empty when no rank has unused grads. `compare_sync`
   // false: this rank's passes are not compared (a joined rank's shadow iteration).
-  std::string exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync = true);
+  // The same exchange carries each rank's times of the iteration (the straggler watch's; a rank with
+  // none sends begin -1), read back with times().
+  std::string exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync = true,
+                       const StepTimes& mine = StepTimes{-1, 0, 0});
+  void times(std::vector<StepTimes>* out) const;
   // A backward pass with sync off ended (its grads only accumulated); a synced reduction ended.
   void local_pass() { ++local_passes_; }
   void synced() { local_passes_ = 0; }
@@ -66,6 +71,7 @@ class UnusedReport {
     int32_t count;
     int32_t first[6];
     int32_t local_passes;  // -1: not compared
+    StepTimes times;
   };
   std::vector<Info> all_;
   std::vector<int32_t> passes_;

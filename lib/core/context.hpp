@@ -19,6 +19,7 @@
 #include "core/config.hpp"
 #include "core/plan.hpp"
 #include "core/reducer.hpp"
+#include "core/stragglers.hpp"
 #include "core/timeline.hpp"
 
 namespace ddp {
@@ -163,6 +164,12 @@ class Context {
   uint64_t exposed_ns_ = 0, last_exposed_ns_ = 0;
   uint64_t layout_epoch_ = 0;
   uint64_t begin_ns_ = 0;
+  uint64_t last_ready_ns_ = 0;  // the iteration's last grad_ready
+  StragglerWatch stragglers_;
+  std::vector<StepTimes> step_times_;
+  // After a synced backward pass: every rank's times (with the unused report, or on their own) into
+  // the straggler watch.
+  void watch_stragglers();
   void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
   std::vector<int> scratch_unused_;
   std::function<void(const HookCall&)> hook_;

@@ -74,6 +74,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   progress_.iteration.store(most, std::memory_order_relaxed);
   ++epoch_;
   attempts_ = 0;
+  stragglers_.reset();
   lost_ = false;
   std::string list;
   for (int m : g.members) list += (list.empty() ? "" : ", ") + std::to_string(m);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/context.hpp"
+#include "core/log.hpp"
 
 namespace ddp {
 
@@ -43,6 +44,7 @@ void Context::grad_ready(int index, void* grad) {
     }
   }
   const uint64_t t = now_ns();
+  last_ready_ns_ = t;
   if (timeline_) timeline_->grad_ready(index, t);
   if (learning_) learner_.record(index);
   const bool launch = iteration_synced_ && !learning_ && cfg_.c.delay_allreduce == 0;
@@ -79,6 +81,12 @@ void Context::wait_buckets(void* stream) {
   exposed_ns_ += last_exposed_ns_;
 }
 
+void Context::watch_stragglers() {
+  const double warn = cfg_.c.straggler_warning_ms > 0 ? static_cast<double>(cfg_.c.straggler_warning_ms) : 100.0;
+  const std::string warning = stragglers_.add(step_times_, rank_, warn);
+  if (!warning.empty()) log(DDP_LOG_WARN, "libddp: %s", warning.c_str());
+}
+
 void Context::finish_backward(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
@@ -102,9 +110,22 @@ void Context::finish_backward(void* stream) {
     reducer_->launch_rest();  // unused grads travel as zeros, so that no rank waits forever
     wait_buckets(stream);
     // The report is one more exchange between the ranks: after the buckets, so that a rank that died
-    // or stalled is reported by the bucket that waited for it (step and bucket named).
-    if (!cfg_.unused_zero()) unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline());
+    // or stalled is reported by the bucket that waited for it (step and bucket named). It carries the
+    // straggler watch's times.
+    const uint64_t end = now_ns();
+    StepTimes mine;
+    mine.begin = static_cast<int64_t>(end - begin_ns_);
+    mine.ready = static_cast<int64_t>(end - std::max(begin_ns_, last_ready_ns_));
+    mine.entry = static_cast<int64_t>(end - std::min(end, std::max(begin_ns_, reducer_->latest_start_ns())));
+    if (!cfg_.unused_zero()) {
+      unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline(), true, mine);
+      unused_report_.times(&step_times_);
+    } else {
+      step_times_.resize(static_cast<size_t>(world_));
+      ctrl_->allgather_host(&mine, step_times_.data(), sizeof mine, deadline());
+    }
   });
+  watch_stragglers();
   unused_report_.synced();
   ++iterations_;
   shards_reduced(true);

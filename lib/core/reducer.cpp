@@ -231,6 +231,12 @@ void Reducer::reserve_tasks() {
   for (size_t s = 0; s < tasks.size(); ++s) env_.streams[s]->reserve(tasks[s] + 1);
 }
 
+uint64_t Reducer::latest_start_ns() const {
+  uint64_t t = 0;
+  for (const auto& r : rt_) t = std::max(t, r->start_ns);
+  return t;
+}
+
 // The int8 wire's memory: the kept rounding errors of every int8 bucket (zero: nothing owed yet; a
 // new plan starts afresh) and one exchange buffer per stream, as large as its largest bucket needs
 // (a host stream runs its buckets one after another): world chunks to all-gather (two rounds' worth

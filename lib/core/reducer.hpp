@@ -102,6 +102,9 @@ class Reducer {
   // The int8 wire: forgets every kept rounding error (a rank that joins contributes zeros from then on).
   void clear_feedback();
   uint64_t arena_bytes() const { return arena_bytes_; }
+  // When the last bucket of the iteration started its work on its stream (after finish: the streams
+  // are drained, so the workers' writes are seen). 0 when none started.
+  uint64_t latest_start_ns() const;
   int launched() const { return next_; }
   // The type bucket b is summed in (16-bit buckets travel as f32 where the engine cannot sum them).
   Dtype wire(int b) const {

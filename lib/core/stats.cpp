@@ -12,11 +12,14 @@ namespace {
 // when it lies wholly within the caller's size, so no caller's struct is written past its end.
 #define DDP_STATS_SPAN_(f) DDP_FIELD_SPAN(ddp_stats_t, f)
 constexpr FieldSpan kStatsSpans[] = {
-    DDP_STATS_SPAN_(iterations),    DDP_STATS_SPAN_(buckets_reduced), DDP_STATS_SPAN_(bytes_reduced),
-    DDP_STATS_SPAN_(comm_time_ns),  DDP_STATS_SPAN_(exposed_time_ns), DDP_STATS_SPAN_(last_exposed_ns),
-    DDP_STATS_SPAN_(library_bytes), DDP_STATS_SPAN_(arena_bytes),     DDP_STATS_SPAN_(nonfinite_buckets),
-    DDP_STATS_SPAN_(layout_epoch),  DDP_STATS_SPAN_(world_size),      DDP_STATS_SPAN_(rank),
-    DDP_STATS_SPAN_(bytes_sent),    DDP_STATS_SPAN_(bytes_received),
+    DDP_STATS_SPAN_(iterations),        DDP_STATS_SPAN_(buckets_reduced),     DDP_STATS_SPAN_(bytes_reduced),
+    DDP_STATS_SPAN_(comm_time_ns),      DDP_STATS_SPAN_(exposed_time_ns),     DDP_STATS_SPAN_(last_exposed_ns),
+    DDP_STATS_SPAN_(library_bytes),     DDP_STATS_SPAN_(arena_bytes),         DDP_STATS_SPAN_(nonfinite_buckets),
+    DDP_STATS_SPAN_(layout_epoch),      DDP_STATS_SPAN_(world_size),          DDP_STATS_SPAN_(rank),
+    DDP_STATS_SPAN_(bytes_sent),        DDP_STATS_SPAN_(bytes_received),      DDP_STATS_SPAN_(straggler_rank),
+    DDP_STATS_SPAN_(straggler_kind),    DDP_STATS_SPAN_(straggler_ms),        DDP_STATS_SPAN_(late_input_p50_ms),
+    DDP_STATS_SPAN_(late_input_p99_ms), DDP_STATS_SPAN_(late_compute_p50_ms), DDP_STATS_SPAN_(late_compute_p99_ms),
+    DDP_STATS_SPAN_(late_wire_p50_ms),  DDP_STATS_SPAN_(late_wire_p99_ms),    DDP_STATS_SPAN_(straggler_warnings),
 };
 #undef DDP_STATS_SPAN_
 #define DDP_BUCKET_SPAN_(f) DDP_FIELD_SPAN(ddp_bucket_info_t, f)
@@ -53,6 +56,7 @@ void Context::stats(ddp_stats_t* out) {
   s.layout_epoch = layout_epoch_;
   s.world_size = world_;
   s.rank = rank_;
+  stragglers_.fill(s);
   uint64_t wire[2];
   wire_totals(true, wire);
   s.bytes_sent = wire[0];
