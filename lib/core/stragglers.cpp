@@ -63,10 +63,11 @@ std::string StragglerWatch::add(const std::vector<StepTimes>& all, int rank, dou
   if (warned_) return "";
   warned_ = true;
   ++warnings_;
-  return format("rank %d is a straggler: late by %.1f ms in this iteration (%s), and by %.0f ms or more in %zu of the "
-                "last %zu synced iterations",
-                flagged, worst_total, flagged == rank_ ? why(kind_) : "by several causes",
-                warn_ms, static_cast<size_t>(std::count(flagged_.begin(), flagged_.end(), flagged)), flagged_.size());
+  return format(
+      "rank %d is a straggler: late by %.1f ms in this iteration (%s), and by %.0f ms or more in %zu of the "
+      "last %zu synced iterations",
+      flagged, worst_total, flagged == rank_ ? why(kind_) : "by several causes", warn_ms,
+      static_cast<size_t>(std::count(flagged_.begin(), flagged_.end(), flagged)), flagged_.size());
 }
 
 void StragglerWatch::fill(ddp_stats_t& s) const {

@@ -25,12 +25,13 @@ struct Seen {
 // `late` sleeps `ms` on rank `who` at `where` (0: before the backward pass, 1: before its last grad)
 // in each of `steps` iterations; each rank counts, from iteration 10 on, the iterations in which
 // ddp_get_stats names `who` with `kind`.
-void run(int world, int who, int where, int ms, int steps, int kind, int unused_policy, Seen* seen) {
+void run(int world, int who, int where, int ms, int steps, int kind, int unused_policy, Seen* seen,
+         int64_t warn_ms = 10) {
   CHECK(on_ranks(world, [&](int rank, ddp_comm_t comm) {
           ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
           cfg.unused_policy = unused_policy;
           cfg.message_size = 1000;
-          cfg.straggler_warning_ms = 10;
+          cfg.straggler_warning_ms = warn_ms;
           ddp_t d = nullptr;
           if (ddp_create(comm, &cfg, &d) != DDP_SUCCESS) return false;
           std::vector<std::vector<float>> g(3, std::vector<float>(2000, 1.0f));
@@ -91,6 +92,15 @@ TEST_CASE("stragglers: a rank 20 ms late to begin its backward is named, as inpu
   ddp_set_log_callback(nullptr, nullptr);
 }
 
+TEST_CASE("stragglers: 5 ms late is named too, as input or compute") {
+  Seen a, b;
+  run(3, 0, 0, 5, 40, DDP_LATE_INPUT, DDP_UNUSED_ERROR, &a);
+  run(3, 1, 1, 5, 40, DDP_LATE_COMPUTE, DDP_UNUSED_ERROR, &b);
+  INFO("input: " << a.right << " of " << a.steps << "; compute: " << b.right << " of " << b.steps);
+  CHECK(a.right >= a.steps * 95 / 100);
+  CHECK(b.right >= b.steps * 95 / 100);
+}
+
 TEST_CASE("stragglers: a rank whose backward runs 20 ms slow is named, as compute") {
   Seen seen;
   run(3, 2, 1, 20, 30, DDP_LATE_COMPUTE, DDP_UNUSED_ERROR, &seen);
@@ -98,9 +108,9 @@ TEST_CASE("stragglers: a rank whose backward runs 20 ms slow is named, as comput
   CHECK(seen.right >= seen.steps * 95 / 100);
 }
 
-TEST_CASE("stragglers: a clean run warns about nobody, and the stats say so") {
+TEST_CASE("stragglers: 500 clean iterations warn about nobody (the default threshold), and the stats say so") {
   Seen seen;
-  run(2, 0, 0, 0, 60, DDP_LATE_NONE, DDP_UNUSED_ERROR, &seen);
+  run(3, 0, 0, 0, 500, DDP_LATE_NONE, DDP_UNUSED_ERROR, &seen, 0);
   CHECK(seen.warnings == 0);
   ddp_comm_t self;
   REQUIRE(ddp_comm_init_self(&self) == DDP_SUCCESS);
