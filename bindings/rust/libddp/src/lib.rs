@@ -230,6 +230,8 @@ pub struct Config {
     pub uneven_inputs: i32,
     /// Elastic (0/1): a lost peer ends the call with `DDP_ERR_RANK_LOST`; `Ddp::recover` goes on.
     pub elastic: i32,
+    /// Warn when a rank is this many ms late in 8 of 10 iterations (0: the library's choice, 100).
+    pub straggler_warning_ms: i64,
 }
 
 // The library's defaults for this crate's ddp_config_t (the sized call: the unsized symbol writes
@@ -265,6 +267,7 @@ impl Default for Config {
             compression: c.compression,
             uneven_inputs: c.uneven_inputs,
             elastic: c.elastic,
+            straggler_warning_ms: c.straggler_warning_ms,
         }
     }
 }
@@ -293,6 +296,7 @@ impl Config {
         c.compression = self.compression;
         c.uneven_inputs = self.uneven_inputs;
         c.elastic = self.elastic;
+        c.straggler_warning_ms = self.straggler_warning_ms;
         Ok(c)
     }
 }
