@@ -713,9 +713,12 @@ typedef struct ddp_stats {
   int straggler_kind;  /* ddp_late_t: why it was late; DDP_LATE_NONE when straggler_rank is -1 */
   double straggler_ms; /* how late it was (ms) */
   /* This rank's lateness (ms) by cause over its last 100 synced iterations: median and 99th percentile. */
-  double late_input_p50_ms, late_input_p99_ms;
-  double late_compute_p50_ms, late_compute_p99_ms;
-  double late_wire_p50_ms, late_wire_p99_ms;
+  double late_input_p50_ms;
+  double late_input_p99_ms;
+  double late_compute_p50_ms;
+  double late_compute_p99_ms;
+  double late_wire_p50_ms;
+  double late_wire_p99_ms;
   uint64_t straggler_warnings; /* warnings given (config.straggler_warning_ms) */
 } ddp_stats_t;
 

@@ -107,6 +107,7 @@ mutable struct ddp_config_t
     compression::Cint
     uneven_inputs::Cint
     elastic::Cint
+    straggler_warning_ms::Int64
     ddp_config_t() = new()
 end
 
@@ -155,7 +156,24 @@ struct ddp_stats_t
     rank::Cint
     bytes_sent::UInt64
     bytes_received::UInt64
+    straggler_rank::Cint
+    straggler_kind::Cint
+    straggler_ms::Cdouble
+    late_input_p50_ms::Cdouble
+    late_input_p99_ms::Cdouble
+    late_compute_p50_ms::Cdouble
+    late_compute_p99_ms::Cdouble
+    late_wire_p50_ms::Cdouble
+    late_wire_p99_ms::Cdouble
+    straggler_warnings::UInt64
 end
+
+# enum ddp_late_t
+const ddp_late_t = Cint
+const LATE_NONE = Cint(0)
+const LATE_INPUT = Cint(1)
+const LATE_COMPUTE = Cint(2)
+const LATE_WIRE = Cint(3)
 
 struct ddp_bucket_info_t
     size::Csize_t

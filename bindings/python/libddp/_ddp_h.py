@@ -115,6 +115,7 @@ class ddp_config_t(ctypes.Structure):
         ("compression", ctypes.c_int),
         ("uneven_inputs", ctypes.c_int),
         ("elastic", ctypes.c_int),
+        ("straggler_warning_ms", ctypes.c_int64),
     ]
 
 
@@ -170,7 +171,25 @@ class ddp_stats_t(ctypes.Structure):
         ("rank", ctypes.c_int),
         ("bytes_sent", ctypes.c_uint64),
         ("bytes_received", ctypes.c_uint64),
+        ("straggler_rank", ctypes.c_int),
+        ("straggler_kind", ctypes.c_int),
+        ("straggler_ms", ctypes.c_double),
+        ("late_input_p50_ms", ctypes.c_double),
+        ("late_input_p99_ms", ctypes.c_double),
+        ("late_compute_p50_ms", ctypes.c_double),
+        ("late_compute_p99_ms", ctypes.c_double),
+        ("late_wire_p50_ms", ctypes.c_double),
+        ("late_wire_p99_ms", ctypes.c_double),
+        ("straggler_warnings", ctypes.c_uint64),
     ]
+
+
+# enum ddp_late_t
+ddp_late_t = ctypes.c_int
+DDP_LATE_NONE = 0
+DDP_LATE_INPUT = 1
+DDP_LATE_COMPUTE = 2
+DDP_LATE_WIRE = 3
 
 
 class ddp_bucket_info_t(ctypes.Structure):
@@ -314,6 +333,6 @@ __all__ = ["DDP_VERSION_MAJOR", "DDP_VERSION_MINOR", "DDP_VERSION_PATCH", "DDP_V
            "ddp_plan_order_t", "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t", "DDP_UNUSED_ERROR",
            "DDP_UNUSED_ZERO", "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t", "ddp_local_group_t",
            "ddp_nccl_id_t", "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t",
-           "ddp_membership_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn", "ddp_stats_t", "ddp_bucket_info_t",
-           "ddp_shard_info_t", "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS",
-           "RETURNS_STATUS", "declare"]
+           "ddp_membership_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn", "ddp_stats_t", "ddp_late_t", "DDP_LATE_NONE",
+           "DDP_LATE_INPUT", "DDP_LATE_COMPUTE", "DDP_LATE_WIRE", "ddp_bucket_info_t", "ddp_shard_info_t",
+           "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS", "RETURNS_STATUS", "declare"]

@@ -120,6 +120,7 @@ pub struct ddp_config_t {
     pub compression: c_int,
     pub uneven_inputs: c_int,
     pub elastic: c_int,
+    pub straggler_warning_ms: i64,
 }
 
 #[repr(C)]
@@ -178,7 +179,24 @@ pub struct ddp_stats_t {
     pub rank: c_int,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    pub straggler_rank: c_int,
+    pub straggler_kind: c_int,
+    pub straggler_ms: f64,
+    pub late_input_p50_ms: f64,
+    pub late_input_p99_ms: f64,
+    pub late_compute_p50_ms: f64,
+    pub late_compute_p99_ms: f64,
+    pub late_wire_p50_ms: f64,
+    pub late_wire_p99_ms: f64,
+    pub straggler_warnings: u64,
 }
+
+// enum ddp_late_t
+pub type ddp_late_t = c_int;
+pub const DDP_LATE_NONE: ddp_late_t = 0;
+pub const DDP_LATE_INPUT: ddp_late_t = 1;
+pub const DDP_LATE_COMPUTE: ddp_late_t = 2;
+pub const DDP_LATE_WIRE: ddp_late_t = 3;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
