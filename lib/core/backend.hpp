@@ -324,6 +324,12 @@ class Comm {
   // than at its timeout (a rank that lost a peer severs, and the loss spreads through the world in
   // one hop). After it, the communicator is unusable.
   virtual void sever() { abort(); }
+  // What sever does to the connections, as a call that any thread may make at any time, even after
+  // the communicator is gone (it holds what it needs): a bucket's worker severs this way the moment
+  // its collective fails, without waiting for the caller's thread to see the error.
+  virtual std::function<void()> severer() {
+    return [] {};
+  }
   // Agrees on the ranks of membership `epoch` (a name every survivor gives alike) and makes a communicator over them.
   // This rank checks in with `committed` (its committed iterations); the wait ends when every rank of this communicator
   // has checked in or is gone (no answer to `answering`, which says which ranks' processes still answer, twice in a

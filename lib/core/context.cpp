@@ -189,6 +189,16 @@ void Context::make_reducer(Plan plan) {
   env.stats = &stats_;
   env.progress = &progress_;
   env.timeline = timeline_.get();
+  env.on_failure = nullptr;
+  if (cfg_.c.elastic) {
+    std::vector<std::function<void()>> cut;
+    for (Comm* c : comms_) cut.push_back(c->severer());
+    cut.push_back(ctrl_->severer());
+    cut.push_back(bcast_->severer());
+    env.on_failure = [cut] {
+      for (const auto& f : cut) f();
+    };
+  }
   reducer_.reset(new Reducer(env, specs_));
   reducer_->adopt(std::move(plan), user_ptrs_);
 }

@@ -65,6 +65,7 @@ void Reducer::run_step(int b, Step step) {
       case Step::Out: return step_out(b);
     }
   } catch (const Error& e) {
+    if (env_.on_failure && (e.status() == DDP_ERR_TIMEOUT || e.status() == DDP_ERR_ABORTED)) env_.on_failure();
     throw Error(e.status(), where(b) + e.what());
   }
 }

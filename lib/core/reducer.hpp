@@ -52,6 +52,10 @@ struct ReducerEnv {
   Stats* stats = nullptr;
   Progress* progress = nullptr;
   Timeline* timeline = nullptr;
+  // Elastic contexts: called on the worker whose collective failed for a lost peer (a timeout or an
+  // aborted exchange), before the error reaches the stream: severs every connection of the context,
+  // so that the ranks and the workers blocked on this one fail now. Empty: nothing.
+  std::function<void()> on_failure;
 };
 
 class Reducer {

@@ -139,6 +139,7 @@ class GlooRingLink final : public host::RingLink {
   // caller works.
   void post_with(int right, const void* out, size_t sn, int left_rank, void* in, size_t rn) override {
     o_ = i_ = nullptr;
+    if (aborted_.load()) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring was aborted (a peer was lost)", rank());
     to_ = right, from_ = left_rank;
     // Posting throws too once a peer's connection has closed.
     gloo_call(ctx_.rank, ctx_.size, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank),
@@ -152,15 +153,41 @@ class GlooRingLink final : public host::RingLink {
   void wait_posted() override {
     gloo::transport::UnboundBuffer *o = o_, *i = i_;
     o_ = i_ = nullptr;
-    if (i) wait(from_, "receive from", [&] { return i->waitRecv(left(dl_)); });
-    if (o) wait(to_, "send to", [&] { return o->waitSend(left(dl_)); });
+    if (i) wait(from_, "receive from", i, true);
+    if (o) wait(to_, "send to", o, false);
+  }
+  // Wakes this link's wait from another thread (an elastic context that lost a peer): the wait in
+  // progress returns as aborted, and so does every later one. Gloo fails a wait on a connection that
+  // closes, but not one posted on a connection this rank closed itself, nor one on a live peer that is
+  // itself stuck.
+  void abort_waits() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    if (waiting_recv_) waiting_recv_->abortWaitRecv();
+    if (waiting_send_) waiting_send_->abortWaitSend();
   }
 
  private:
-  template <class F>
-  void wait(int peer, const char* dir, F&& f) {
+  void wait(int peer, const char* dir, gloo::transport::UnboundBuffer* b, bool recv) {
+    gloo::transport::UnboundBuffer*& slot = recv ? waiting_recv_ : waiting_send_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_.load()) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring was aborted (a peer was lost)", rank());
+      slot = b;
+    }
     bool ok = false;
-    gloo_call(ctx_.rank, ctx_.size, format("ring exchange (%s rank %d)", dir, peer), [&] { ok = f(); });
+    try {
+      gloo_call(ctx_.rank, ctx_.size, format("ring exchange (%s rank %d)", dir, peer),
+                [&] { ok = recv ? b->waitRecv(left(dl_)) : b->waitSend(left(dl_)); });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot = nullptr;
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot = nullptr;
+    }
     if (!ok) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring exchange was aborted", rank());
   }
   gloo::transport::UnboundBuffer* buffer(void* p, size_t n) {
@@ -178,6 +205,9 @@ class GlooRingLink final : public host::RingLink {
   Deadline dl_;
   gloo::transport::UnboundBuffer *o_ = nullptr, *i_ = nullptr;  // the posted exchange's
   int to_ = 0, from_ = 0;
+  std::mutex mu_;  // guards the two below against abort_waits
+  gloo::transport::UnboundBuffer *waiting_send_ = nullptr, *waiting_recv_ = nullptr;
+  std::atomic<bool> aborted_{false};
   std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::transport::UnboundBuffer>> cache_;
 };
 
@@ -352,11 +382,20 @@ class GlooComm final : public Comm {
   bool can_regroup() const override { return true; }
   void sever() override {
     aborted_ = true;
-    failed_->store(true);
-    try {
-      ctx_->closeConnections();
-    } catch (...) {  // a pair that never connected: nothing to close
-    }
+    severer()();
+  }
+  std::function<void()> severer() override {
+    std::shared_ptr<gloo::Context> ctx = ctx_;
+    std::shared_ptr<GlooRingLink> link = link_;
+    std::shared_ptr<std::atomic<bool>> failed = failed_;
+    return [ctx, link, failed] {
+      failed->store(true);
+      try {
+        ctx->closeConnections();  // the peers' waits on this rank fail now
+      } catch (...) {             // a pair that never connected: nothing to close
+      }
+      link->abort_waits();  // and so do this rank's own
+    };
   }
   Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
                     Deadline window, Deadline dl) override;
