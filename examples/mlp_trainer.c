@@ -33,6 +33,12 @@
  *                    [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N] [--init METHOD]
  *                    [--timeline file.json] [--quiet | --print-every K]
  *                    [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]
+ *                    [--elastic [--kill RANK@STEP]]
+ *   --elastic      (--comm gloo) config.elastic: when a rank dies, the others get DDP_ERR_RANK_LOST,
+ *                  skip that step's update, call ddp_recover, take the state (parameters, optimizer
+ *                  state) of the rank that committed the most steps and go on with fewer ranks. Start
+ *                  it with tools/ddp_launch --elastic so that the store outlives any rank. --kill:
+ *                  rank RANK (its number at the start) SIGKILLs itself before step STEP's backward
  *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
  *                  or a 16-bit wire; compare the losses with --compression none
  *   --print-every  one loss line every K steps (default: about 8 lines in all, the first and the
@@ -41,6 +47,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +73,7 @@ enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
 
 typedef struct options {
   int steps, batch, layout, delay, quiet, optimizer, shard, compression, ranks, print_every;
+  int elastic, kill_rank, kill_step; /* --elastic, --kill RANK@STEP (-1: none) */
   size_t message_size;
   float lr;
   const char* comm;
@@ -78,8 +87,12 @@ typedef struct options {
 
 static __thread int g_rank = 0; /* this rank's number, for messages (ranks may be threads: --comm local) */
 
+/* --elastic: where a lost rank sends the training loop (to recover), while it is set. */
+static __thread jmp_buf* g_lost = NULL;
+
 static void check(ddp_status_t s, const char* what) {
   if (s == DDP_SUCCESS) return;
+  if (s == DDP_ERR_RANK_LOST && g_lost) longjmp(*g_lost, 1);
   fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, what, ddp_status_string(s), ddp_last_error());
   exit(1);
 }
@@ -244,6 +257,7 @@ static double forward(model_t* m, const int* labels, int* correct) {
 typedef struct trainer {
   ddp_t ddp;
   int rank, world, device_grads;
+  int first_rank;                /* the rank at the start (--kill names it) */
   int grad_index[NUM_LAYERS][2]; /* [l][0] weight, [l][1] bias */
 #ifdef DDP_EXAMPLE_CUDA
   cudaStream_t stream;
@@ -371,8 +385,18 @@ static void usage(void) {
 }
 
 static options_t parse(int argc, char** argv) {
-  options_t o = {40, 32, DDP_LAYOUT_ARENA, 0,     0,     OPT_SGD, 0,       DDP_COMPRESS_NONE,
-                 2,  0,  2000000,          0.05f, "mpi", NULL,    "env://"};
+  options_t o = {.steps = 40,
+                 .batch = 32,
+                 .layout = DDP_LAYOUT_ARENA,
+                 .optimizer = OPT_SGD,
+                 .compression = DDP_COMPRESS_NONE,
+                 .ranks = 2,
+                 .kill_rank = -1,
+                 .kill_step = -1,
+                 .message_size = 2000000,
+                 .lr = 0.05f,
+                 .comm = "mpi",
+                 .init = "env://"};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -382,6 +406,8 @@ static options_t parse(int argc, char** argv) {
       o.quiet = 1;
     else if (!strcmp(a, "--shard"))
       o.shard = 1;
+    else if (!strcmp(a, "--elastic"))
+      o.elastic = 1;
     else if (!v)
       usage();
     else if (!strcmp(a, "--steps"))
@@ -402,7 +428,10 @@ static options_t parse(int argc, char** argv) {
       o.init = v, ++i;
     else if (!strcmp(a, "--timeline"))
       o.timeline = v, ++i;
-    else if (!strcmp(a, "--optimizer")) {
+    else if (!strcmp(a, "--kill")) {
+      if (sscanf(v, "%d@%d", &o.kill_rank, &o.kill_step) != 2) usage();
+      ++i;
+    } else if (!strcmp(a, "--optimizer")) {
       if (!strcmp(v, "sgd"))
         o.optimizer = OPT_SGD;
       else if (!strcmp(v, "momentum"))
@@ -432,6 +461,10 @@ static options_t parse(int argc, char** argv) {
   }
   if (o.steps < 1 || o.batch < 1 || o.message_size < 1 || o.ranks < 1 || o.print_every < 0) usage();
   if (o.print_every == 0) o.print_every = o.steps >= 8 ? o.steps / 8 : 1;
+  if (o.elastic && (strcmp(o.comm, "gloo") || o.shard)) {
+    fprintf(stderr, "--elastic needs --comm gloo and no --shard (ddp_recover rebuilds Gloo communicators)\n");
+    exit(2);
+  }
   if (o.shard && o.layout != DDP_LAYOUT_ARENA) {
     fprintf(stderr, "--shard needs --layout arena (a shard is a range of the library's arena)\n");
     exit(2);
@@ -476,6 +509,42 @@ static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
 }
 
 /* One rank's training over `comm` (which it consumes); returns the process's exit status. */
+/* --elastic, after a call said DDP_ERR_RANK_LOST (that step's update was skipped): the new membership,
+ * then on every rank the parameters and optimizer state of the rank that committed the most steps
+ * (a step may have completed on some ranks before it failed on others). Returns the step to go on
+ * from. A second loss while this runs comes back here through check(). */
+static int recover(trainer_t* t, model_t* m, float** s1, float** s2, const options_t* o) {
+  ddp_membership_t mb;
+  const ddp_status_t st = ddp_recover(t->ddp, &mb, NULL, 0);
+  if (st != DDP_SUCCESS) {
+    fprintf(stderr, "rank %d: ddp_recover failed: %s: %s\n", g_rank, ddp_status_string(st), ddp_last_error());
+    exit(1);
+  }
+  t->rank = mb.rank, t->world = mb.world, g_rank = mb.rank;
+  void* bufs[6 * NUM_LAYERS];
+  size_t counts[6 * NUM_LAYERS];
+  ddp_dtype_t types[6 * NUM_LAYERS];
+  int n = 0;
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    if (o->layout == DDP_LAYOUT_ARENA) { /* the new context's arena holds the grads now */
+      check(ddp_grad_ptr(t->ddp, t->grad_index[l][0], (void**)&m->dW[l]), "ddp_grad_ptr");
+      check(ddp_grad_ptr(t->ddp, t->grad_index[l][1], (void**)&m->db[l]), "ddp_grad_ptr");
+    }
+    float* state[6] = {m->W[l], m->b[l], s1[2 * l], s1[2 * l + 1], s2[2 * l], s2[2 * l + 1]};
+    const size_t len[6] = {wcount(l), (size_t)kDims[l + 1], wcount(l), (size_t)kDims[l + 1],
+                           wcount(l), (size_t)kDims[l + 1]};
+    for (int k = 0; k < 6; ++k)
+      if (state[k]) bufs[n] = state[k], counts[n] = len[k], types[n++] = DDP_F32;
+  }
+  check(ddp_broadcast(t->ddp, bufs, counts, types, n, mb.source, NULL), "ddp_broadcast");
+  if (t->rank == 0)
+    printf(
+        "membership %llu: %d ranks now (%d before); parameters and optimizer state from rank %d; going on "
+        "from step %lld\n",
+        (unsigned long long)mb.epoch, mb.world, mb.old_world, mb.source, (long long)mb.committed + 1);
+  return (int)mb.committed;
+}
+
 static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   const options_t opt = *options;
   trainer_t t;
@@ -484,6 +553,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
   check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
   g_rank = t.rank;
+  t.first_rank = t.rank;
   const int B = opt.batch;
 
   ddp_config_t cfg;
@@ -495,6 +565,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   cfg.timeline_path = opt.timeline;
   cfg.shard = opt.shard;
   cfg.compression = opt.compression;
+  cfg.elastic = opt.elastic;
   if (opt.shard && t.device_grads) {
     fprintf(stderr, "--shard: this example trains on the host; use --comm mpi or self\n");
     exit(2);
@@ -634,8 +705,15 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   int* labels = xmalloc((size_t)B * sizeof(int));
   double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
   double* all = xmalloc((size_t)t.world * 2 * sizeof(double));
-  double first_loss = 0.0, last_loss = 0.0, compute_s = 0.0;
-  for (int step = 0; step < opt.steps; ++step) {
+  /* (volatile: the values they hold when a lost rank jumps back to recover) */
+  volatile double first_loss = 0.0, last_loss = 0.0, compute_s = 0.0;
+  volatile int step = 0;
+  jmp_buf lost;
+  if (opt.elastic) {
+    g_lost = &lost;
+    if (setjmp(lost)) step = recover(&t, &m, s1, s2, &opt);
+  }
+  for (; step < opt.steps; ++step) {
     const double t0 = now_s();
     /* This rank's slice of the global batch. */
     for (int r = 0; r < B; ++r) {
@@ -646,6 +724,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
     if (opt.shard && step > 0) /* the gather launched after the last step, layer by layer in forward order */
       for (int l = 0; l < NUM_LAYERS; ++l) check(ddp_wait_params(t.ddp, t.grad_index[l][0], NULL), "ddp_wait_params");
     const double local_loss = forward(&m, labels, &correct) / B;
+    if (step == opt.kill_step && t.first_rank == opt.kill_rank) raise(SIGKILL); /* --kill: a rank dies */
 
     check(ddp_begin_backward(t.ddp, stream_of(&t)), "ddp_begin_backward");
     for (int l = NUM_LAYERS - 1; l >= 0; --l) {
@@ -697,7 +776,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
     /* Rank 0 reports progress; the other ranks speak only when they disagree (checked above). */
     if (t.rank == 0 && (step == 0 || step == opt.steps - 1 || (!opt.quiet && (step + 1) % opt.print_every == 0)))
       printf("step %3d/%d  loss %.6f  (%.0f ms)\n", step + 1, opt.steps, loss, 1e3 * steps_s[step]);
-    if (step == 0) first_loss = loss;
+    if (step == 0 || first_loss == 0.0) first_loss = loss;
     last_loss = loss;
   }
   fflush(stdout);

@@ -65,6 +65,17 @@ for np in 2 4; do
   fi
 done
 
+# An elastic run: 3 processes started by ddp_launch --elastic (the store in ddp_store), rank 0 killed
+# before step 3's backward: the other two recover, take the most advanced state, and finish; the
+# launcher reports the death and exits 0.
+out=$(timeout 300 "$root/tools/ddp_launch" --elastic -n 3 "$trainer" --comm gloo --elastic --kill 0@2 \
+      --steps 8 --batch 32 --quiet 2>&1); rc=$?
+ok=0; [ $rc -eq 0 ] && grep -q "rank 0 was killed by signal 9; the other ranks go on" <<<"$out" &&
+  grep -q "^membership 1: 2 ranks now (3 before)" <<<"$out" && grep -q "^ranks agree: .* on all 2 ranks" <<<"$out" &&
+  ! grep -q "the loss did not fall" <<<"$out" && ok=1
+check "trainer --elastic over ddp_launch --elastic: rank 0 killed at step 3, the other two go on and agree" $ok \
+  "exit $rc; $(tail -n 8 <<<"$out")"
+
 # make demo over Gloo (what it runs without MPI): 2 ranks, the same losses.
 out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_ARGS="${args[*]}" demo 2>&1); rc=$?
 ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1
