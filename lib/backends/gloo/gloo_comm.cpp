@@ -142,14 +142,15 @@ class GlooRingLink final : public host::RingLink {
     if (aborted_.load()) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring was aborted (a peer was lost)", rank());
     to_ = right, from_ = left_rank;
     // Posting throws too once a peer's connection has closed.
-    gloo_call(ctx_.rank, ctx_.size, format("ring exchange (posting to rank %d and from rank %d)", right, left_rank),
-              [&] {
-                o_ = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
-                i_ = rn ? buffer(in, rn) : nullptr;
-                if (i_) i_->recv(left_rank, kRingSlot);
-                if (o_) o_->send(right, kRingSlot);
-              });
+    link_call(format("ring exchange (posting to rank %d and from rank %d)", right, left_rank), [&] {
+      o_ = sn ? buffer(const_cast<void*>(out), sn) : nullptr;
+      i_ = rn ? buffer(in, rn) : nullptr;
+      if (i_) i_->recv(left_rank, kRingSlot);
+      if (o_) o_->send(right, kRingSlot);
+    });
   }
+  // Whether abort_waits was called: this rank closed its connections after a lost peer.
+  bool severed() const { return aborted_.load(); }
   void wait_posted() override {
     gloo::transport::UnboundBuffer *o = o_, *i = i_;
     o_ = i_ = nullptr;
@@ -177,7 +178,7 @@ class GlooRingLink final : public host::RingLink {
     }
     bool ok = false;
     try {
-      gloo_call(ctx_.rank, ctx_.size, format("ring exchange (%s rank %d)", dir, peer),
+      link_call(format("ring exchange (%s rank %d)", dir, peer),
                 [&] { ok = recv ? b->waitRecv(left(dl_)) : b->waitSend(left(dl_)); });
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -189,6 +190,17 @@ class GlooRingLink final : public host::RingLink {
       slot = nullptr;
     }
     if (!ok) fail(DDP_ERR_ABORTED, "rank %d: the Gloo ring exchange was aborted", rank());
+  }
+  // A Gloo call of the ring. Once this rank has severed its connections, whatever Gloo says of a
+  // closed pair (a check that fails, an I/O error) is the abort it is.
+  template <class F>
+  void link_call(const std::string& what, F&& f) {
+    try {
+      gloo_call(ctx_.rank, ctx_.size, what, std::forward<F>(f));
+    } catch (const Error& e) {
+      if (!aborted_.load()) throw;
+      fail(DDP_ERR_ABORTED, "rank %d: %s (after this rank closed its connections: a peer was lost)", rank(), e.what());
+    }
   }
   gloo::transport::UnboundBuffer* buffer(void* p, size_t n) {
     auto& b = cache_[{p, n}];
@@ -419,6 +431,10 @@ class GlooComm final : public Comm {
     std::shared_ptr<std::atomic<bool>> failed = failed_;
     try {
       f();
+    } catch (const Error& e) {
+      failed->store(true);
+      if (!link_->severed()) throw;
+      fail(DDP_ERR_ABORTED, "%s (after this rank closed its connections: a peer was lost)", e.what());
     } catch (...) {
       failed->store(true);
       throw;
