@@ -707,8 +707,9 @@ typedef struct ddp_stats {
    * every rank, so no clocks need to agree) and split by cause (ddp_late_t): late to start its
    * backward pass (input: data, forward, optimizer), late to mark its last grad ready beyond that
    * (compute: a slow backward), late to start its last bucket's collective beyond that (wire: its
-   * stream's worker behind). The times travel with the unused-grad report each iteration (with
-   * DDP_UNUSED_ZERO, in a 24-byte all-gather of their own). */
+   * stream's worker behind). The times travel with the unused-grad report of the default
+   * DDP_UNUSED_ERROR policy; under DDP_UNUSED_ZERO nothing is exchanged after the buckets and
+   * nobody is named (straggler_rank stays -1). */
   int straggler_rank;  /* the last synced iteration's latest rank, if at least 2 ms late; -1: none */
   int straggler_kind;  /* ddp_late_t: why it was late; DDP_LATE_NONE when straggler_rank is -1 */
   double straggler_ms; /* how late it was (ms) */

@@ -117,15 +117,14 @@ void Context::finish_backward(void* stream) {
     mine.begin = static_cast<int64_t>(end - begin_ns_);
     mine.ready = static_cast<int64_t>(end - std::max(begin_ns_, last_ready_ns_));
     mine.entry = static_cast<int64_t>(end - std::min(end, std::max(begin_ns_, reducer_->latest_start_ns())));
+    // (DDP_UNUSED_ZERO makes no exchange after the buckets, and none is added for the times: on GPUs
+    // it would make the host wait for the device in every iteration.)
     if (!cfg_.unused_zero()) {
       unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline(), true, mine);
       unused_report_.times(&step_times_);
-    } else {
-      step_times_.resize(static_cast<size_t>(world_));
-      ctrl_->allgather_host(&mine, step_times_.data(), sizeof mine, deadline());
+      watch_stragglers();
     }
   });
-  watch_stragglers();
   unused_report_.synced();
   ++iterations_;
   shards_reduced(true);
