@@ -18,7 +18,8 @@
  * - After a fatal error (a timeout, a failed collective) a context answers DDP_ERR_ABORTED to every
  *   further call except ddp_destroy, ddp_get_stats and the plan getters. An elastic context
  *   (config.elastic) answers DDP_ERR_RANK_LOST instead when a peer died or was cut off, until
- *   ddp_recover rebuilds it over the ranks that are left.
+ *   ddp_recover rebuilds it over the ranks that are left, and DDP_ERR_RANK_JOINING at the step
+ *   boundary where ranks that asked to join wait, until ddp_recover admits them.
  */
 #ifndef DDP_H_
 #define DDP_H_
@@ -70,7 +71,8 @@ extern "C" {
   X(DDP_ERR_TIMEOUT, 9, "timed out waiting for other ranks")             \
   X(DDP_ERR_ABORTED, 10, "context aborted after an earlier fatal error") \
   X(DDP_ERR_INTERNAL, 11, "internal error")                              \
-  X(DDP_ERR_RANK_LOST, 12, "a rank was lost: call ddp_recover")
+  X(DDP_ERR_RANK_LOST, 12, "a rank was lost: call ddp_recover")          \
+  X(DDP_ERR_RANK_JOINING, 13, "a rank waits to join: call ddp_recover")
 
 typedef enum ddp_status {
 #define DDP_STATUS_ENUM_(name, value, text) name = value,
@@ -246,6 +248,19 @@ DDP_API ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int s
  * the clock's range (about 292 years) is forever. */
 DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int size, int64_t timeout_ms,
                                                 ddp_comm_t* comm);
+
+/* A communicator that joins a running elastic job (config.elastic, Gloo) over `init_method`'s store
+ * (as in ddp_comm_init_gloo; a TCP store must outlive the ranks that died: tools/ddp_store or
+ * ddp_launch --elastic), as a replacement for a lost rank or as one more rank. It connects to the
+ * store only: it has no rank yet (ddp_comm_rank answers DDP_ERR_INVALID_STATE) and nothing
+ * collective runs over it. Make a context over it with the job's config (config.elastic set),
+ * register the job's grads in the job's order (and set the job's comm hook, if any), then call
+ * ddp_recover: it asks the job to admit this process and waits up to `timeout_ms` (0: forever) for
+ * the job's next step boundary (the job's ranks notice the request within about 100 ms, agree on it
+ * in their next synced iteration, and admit it at the one after). Every other call of that context
+ * answers DDP_ERR_RANK_JOINING until then. The join goes to contexts made over the job's first
+ * Gloo communicator (its n-th communicator joins those over the job's n-th). */
+DDP_API ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp_comm_t* comm);
 
 /* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process
  * runs, tests and fuzzing. */
@@ -563,11 +578,12 @@ DDP_API ddp_status_t ddp_join(ddp_t ddp, int64_t* all_joined_iteration);
 
 /* Elastic contexts (config.elastic): what ddp_recover reports. */
 typedef struct ddp_membership {
-  uint64_t epoch; /* membership changes so far: 0 at ddp_create, then 1, 2 ... one per ddp_recover */
-  int rank;       /* this rank's number from now on, 0 .. world - 1 (the survivors keep their order) */
+  uint64_t epoch; /* membership changes so far: 0 at ddp_create, then 1, 2 ... one per change */
+  int rank;       /* this rank's number from now on, 0 .. world - 1 (the survivors keep their order;
+                     joiners come after them) */
   int world;      /* how many ranks there are from now on */
-  int old_rank;   /* this rank's number before */
-  int old_world;  /* how many ranks there were before */
+  int old_rank;   /* this rank's number before (-1 on a joiner) */
+  int old_world;  /* how many ranks there were before (on a joiner: in the job it joined) */
   /* The rank (new number) whose state every rank should take before the next iteration, with
    * ddp_broadcast (parameters, optimizer state, step count) or ddp_broadcast_params: one of the
    * ranks that committed the most iterations. A failed iteration may have completed on some ranks
@@ -575,7 +591,8 @@ typedef struct ddp_membership {
    * their parameters); this rank is one of those that did, so taking its state makes every rank's
    * identical again. */
   int source;
-  int behind;        /* 1 if this rank committed fewer iterations than `source` (its state is stale) */
+  int behind;        /* 1 if this rank committed fewer iterations than `source` (its state is stale;
+                        always on a joiner, which has none) */
   int64_t committed; /* iterations committed by `source`: the step count every rank continues from */
 } ddp_membership_t;
 
@@ -589,10 +606,24 @@ typedef struct ddp_membership {
  * is kept, and the averages divide by the new world. Afterwards take the state of
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
  * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
- * receives, for each new rank i below `capacity`, its number in the old world. DDP_ERR_INVALID_STATE
- * when no rank was lost (or the context is not elastic); DDP_ERR_TIMEOUT when the membership could
- * not be agreed within timeout_ms (the store is gone: a TCP store lives in rank 0's process, a file
- * store outlives every rank); the context then stays lost. Collective over the surviving ranks. */
+ * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner).
+ * DDP_ERR_TIMEOUT when the membership could not be agreed within timeout_ms (the store is gone: a
+ * TCP store lives in rank 0's process, a file store outlives every rank); the context then stays
+ * lost. Collective over the surviving ranks.
+ * After a call returned DDP_ERR_RANK_JOINING (nothing of that call was done: ddp_begin_backward or
+ * ddp_reduce_all at the step boundary after a synced iteration in which some rank's watch saw a join
+ * request), admits the waiting joiners: they become ranks world, world + 1 ..., receive the plan,
+ * and every rank, joiners included, then takes the state of membership->source; make the call again
+ * afterwards. If a joiner died on the way, the membership stays as it was (epoch unchanged).
+ * Collective over the job's ranks and the joiners.
+ * On a joiner's context (ddp_comm_join_gloo): asks to be admitted and waits for it (the bound of
+ * ddp_comm_join_gloo), then reports the membership it joined; take the state of membership->source
+ * (ddp_broadcast, or ddp_broadcast_params) and go on from membership->committed iterations. The job
+ * refuses a joiner whose config or grads differ from its own: DDP_ERR_MISMATCH with the job's
+ * reason; DDP_ERR_TIMEOUT when no job admitted it in time. Either way it stays a joiner and may ask
+ * again.
+ * DDP_ERR_INVALID_STATE when no rank was lost and none waits to join (or the context is not
+ * elastic). */
 DDP_API ddp_status_t ddp_recover(ddp_t ddp, ddp_membership_t* membership, int* members, size_t capacity);
 
 /* Reduces `count` elements of `dtype` (any ddp_dtype_t, integers included) at host address `buf`

@@ -138,6 +138,22 @@ void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
   check_wire_knobs(all);
 }
 
+JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradSpec>& specs, bool hook) {
+  ConfigSummary c;
+  std::memset(&c, 0, sizeof c);
+  c.fields = agreed_fields(cfg.c);
+  c.device_memory = memory == Memory::Device ? 1 : 0;
+  if (!c.device_memory) {
+    knobs::WireKnob k[knobs::kNumWireKnobs];
+    knobs::wire_knobs(k);
+    for (int i = 0; i < knobs::kNumWireKnobs; ++i) c.wire_knobs[i] = k[i].value;
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the summary's bytes
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(&c);
+  for (size_t i = 0; i < sizeof c; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return JoinTerms{h, registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0};
+}
+
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl) {
   const RegSummary me{registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0, 0};
   std::vector<RegSummary> all(static_cast<size_t>(ctrl.size()));
@@ -218,9 +234,16 @@ void UnusedReport::times(std::vector<StepTimes>* out) const {
   for (size_t r = 0; r < all_.size(); ++r) (*out)[r] = all_[r].times;
 }
 
+int64_t UnusedReport::joins() const {
+  int64_t most = 0;
+  for (const Info& in : all_) most = std::max(most, in.joins);
+  return most;
+}
+
 std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync,
-                                   const StepTimes& mine) {
-  Info me{static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1, mine};
+                                   const StepTimes& mine, int64_t joins) {
+  Info me{
+      static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1, mine, joins};
   for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
   all_.resize(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all_.data(), sizeof me, dl);

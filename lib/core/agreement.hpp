@@ -20,6 +20,15 @@ namespace ddp {
 // Every rank has the same agreed config fields and the same memory kind.
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl);
 
+// What a rank that joins a running elastic job must share with it (checked before it is admitted):
+// a digest of what agree_config compares, and what agree_registration compares.
+struct JoinTerms {
+  uint64_t config = 0, registrations = 0;
+  int64_t num_grads = 0;
+  int32_t hook = 0;
+};
+JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradSpec>& specs, bool hook);
+
 // Every rank registered the same grads (count, numel, dtype, flags, in order), and every rank set a
 // comm hook (`hook`) or none: one exchange for both.
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl);
@@ -58,9 +67,12 @@ class UnusedReport {
   // false: this rank's passes are not compared (a joined rank's shadow iteration).
   // The same exchange carries each rank's times of the iteration (the straggler watch's; a rank with
   // none sends begin -1), read back with times().
+  // It also carries how far this rank's join watch has read (`joins`), read back (the most of any
+  // rank) with joins().
   std::string exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync = true,
-                       const StepTimes& mine = StepTimes{-1, 0, 0});
+                       const StepTimes& mine = StepTimes{-1, 0, 0}, int64_t joins = 0);
   void times(std::vector<StepTimes>* out) const;
+  int64_t joins() const;
   // A backward pass with sync off ended (its grads only accumulated); a synced reduction ended.
   void local_pass() { ++local_passes_; }
   void synced() { local_passes_ = 0; }
@@ -72,6 +84,7 @@ class UnusedReport {
     int32_t first[6];
     int32_t local_passes;  // -1: not compared
     StepTimes times;
+    int64_t joins;
   };
   std::vector<Info> all_;
   std::vector<int32_t> passes_;

@@ -224,6 +224,14 @@ ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int s
   return guard(__func__, [&] { init_gloo(init_method, rank, size, timeout_ms, out); });
 }
 
+ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp_comm_t* out) {
+  return guard(__func__, [&] {
+    need(out, "comm");
+    check_init_timeout(timeout_ms);
+    *out = wrap(make_gloo_join_comm(init_method, timeout_ms));
+  });
+}
+
 ddp_status_t ddp_comm_init_nccl_store(const char* init_method, int rank, int size, int cuda_device, ddp_comm_t* out) {
   return guard(__func__,
                [&] { init_nccl_store(init_method, rank, size, cuda_device, default_init_timeout_ms(), out); });
@@ -260,10 +268,19 @@ ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* out) {
   });
 }
 
+// A joiner's communicator has no rank or size until its job admits it.
+static void check_admitted(const Comm& k) {
+  if (k.joining())
+    fail(DDP_ERR_INVALID_STATE,
+         "a joiner's communicator (ddp_comm_join_gloo) has no rank until the job admits it: ddp_recover reports "
+         "the rank and world it joined (ddp_membership_t)");
+}
+
 ddp_status_t ddp_comm_rank(ddp_comm_t c, int* rank) {
   return guard(__func__, [&] {
     Comm& k = comm(c);
     need(rank, "rank");
+    check_admitted(k);
     *rank = k.rank();
   });
 }
@@ -272,6 +289,7 @@ ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
   return guard(__func__, [&] {
     Comm& k = comm(c);
     need(size, "size");
+    check_admitted(k);
     *size = k.size();
   });
 }

@@ -220,6 +220,18 @@ class AllgatherRounds {
   virtual void done(size_t k) = 0;
 };
 
+// Elastic joins: the job's join requests, as the ranks of a running job see them (Comm::join_desk).
+// A joiner files its request in the first free slot (0, 1, 2 ...) and waits for the answer in the
+// same slot. Safe from any thread at any time (it holds what it needs).
+class JoinDesk {
+ public:
+  virtual ~JoinDesk() = default;
+  // The request filed in `slot`, if one is (no wait).
+  virtual bool request(int64_t slot, std::string* text) = 0;
+  // Answers the joiner of `slot`: "A" (admitted) or "R" (refused) and the text after it.
+  virtual void answer(int64_t slot, const std::string& text) = 0;
+};
+
 class Comm;
 // What Comm::regroup agreed on: the new communicator and, for each of its ranks, its number in the old
 // one and the iterations it had committed.
@@ -338,6 +350,26 @@ class Comm {
   virtual Regrouped regroup(const std::string& epoch, int64_t committed,
                             const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
     fail(DDP_ERR_UNSUPPORTED, "this communicator cannot be rebuilt over fewer ranks");
+  }
+  // Joins. The job's join requests for contexts over this communicator's lineage (its duplicates and
+  // regrouped successors share it), or nullptr where ranks cannot join.
+  virtual std::shared_ptr<JoinDesk> join_desk() { return nullptr; }
+  // A communicator over this one's ranks (same numbers) followed by the joiners of `slots` (numbered
+  // size(), size() + 1 ... in that order), agreed under `name` (alike on every rank). Rank 0 answers
+  // each of them with where to meet and `note`; the joiners meet it in Comm::join. Collective over
+  // this communicator's ranks; throws DDP_ERR_TIMEOUT at `dl` (a joiner that never came).
+  virtual std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots,
+                                      const std::string& note, Deadline dl) {
+    fail(DDP_ERR_UNSUPPORTED, "ranks cannot join this communicator");
+  }
+  // Whether this is a joiner's communicator (ddp_comm_join_gloo): no rank until admitted, nothing but
+  // join() may be called.
+  virtual bool joining() const { return false; }
+  // A joiner's communicator: files `request` with the running job and waits for its answer until `dl`;
+  // returns the communicator over the new membership and, in *note, what the admitting rank added.
+  // DDP_ERR_MISMATCH with the job's reason when it was refused; DDP_ERR_TIMEOUT at `dl`.
+  virtual std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) {
+    fail(DDP_ERR_INVALID_STATE, "this communicator is not a joiner's");
   }
 
  private:

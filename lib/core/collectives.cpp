@@ -151,7 +151,7 @@ void Context::barrier() {
 
 void Context::set_comm_hook(std::function<void(const HookCall&)> hook) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_alive();
+  check_alive(true);
   if (state_ != State::Open)
     fail(DDP_ERR_INVALID_STATE, "a comm hook is set before the first backward pass (while registration is open)");
   if (hook && cfg_.sharded())

@@ -12,6 +12,17 @@ namespace ddp {
 // ---------------------------------------------------------------------------------------------
 
 Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
+  if (comm.joining()) {  // a joiner: nothing collective until the job admits it (ddp_recover)
+    if (!cfg_.c.elastic)
+      fail(DDP_ERR_INVALID_ARGUMENT,
+           "a joiner's communicator (ddp_comm_join_gloo) needs config.elastic: only an elastic job admits ranks");
+    joining_ = true;
+    rank_ = -1;
+    world_ = 0;
+    base_ = comm.dup();
+    device_ = comm.make_device();
+    return;
+  }
   rank_ = comm.rank();
   world_ = comm.size();
   // The duplications below are collective: each waits for every rank, within timeout_ms in all.
@@ -61,6 +72,7 @@ void Context::attach(Comm& comm) {
 }
 
 Context::~Context() {
+  join_watch_.reset();
   set_call(Call::Destroyed);
   // Destroyed in the middle of a backward pass: the launched buckets may be waiting for peers that
   // will never match them. Abort first, so that they (and the peers, where the engine allows) stop.
@@ -78,12 +90,16 @@ Context::~Context() {
   streams_.clear();
 }
 
-void Context::check_alive() const {
+void Context::check_alive(bool before_admission) const {
   if (aborted_)
     fail(DDP_ERR_ABORTED, "the context was aborted by an earlier error and can only be destroyed: %s",
          abort_reason_.c_str());
   if (lost_)
     fail(DDP_ERR_RANK_LOST, "a rank was lost (call ddp_recover before anything else): %s", lost_reason_.c_str());
+  if (joining_ && !before_admission)
+    fail(DDP_ERR_RANK_JOINING,
+         "this context joins a running job (ddp_comm_join_gloo): register the grads, then call ddp_recover to be "
+         "admitted, and take the state of membership.source");
 }
 
 void Context::abort(const Error& e) {
@@ -92,7 +108,7 @@ void Context::abort(const Error& e) {
   abort_reason_ = e.what();
   if (reducer_) reducer_->cancel();
   for (Comm* c : comms_) c->abort();
-  ctrl_->abort();
+  if (ctrl_) ctrl_->abort();
   // ddp_broadcast's channel too: the context is over, and a communicator that may share a transport
   // with a written-off worker (Gloo's) is then kept rather than torn down under it.
   if (bcast_) bcast_->abort();
@@ -110,7 +126,7 @@ void Context::check_index(int index) const {
 
 int Context::register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags) {
   std::lock_guard<std::mutex> lock(mu_);
-  check_alive();
+  check_alive(true);
   if (state_ != State::Open)
     fail(DDP_ERR_INVALID_STATE,
          "registration is closed (ddp_commit, ddp_grad_ptr, ddp_get_plan or the first "
@@ -201,6 +217,7 @@ void Context::make_reducer(Plan plan) {
   }
   reducer_.reset(new Reducer(env, specs_));
   reducer_->adopt(std::move(plan), user_ptrs_);
+  if (cfg_.c.elastic) watch_joins();
 }
 
 void* Context::grad_ptr(int index) {

@@ -17,6 +17,7 @@
 #include "core/agreement.hpp"
 #include "core/backend.hpp"
 #include "core/config.hpp"
+#include "core/joins.hpp"
 #include "core/plan.hpp"
 #include "core/reducer.hpp"
 #include "core/stragglers.hpp"
@@ -57,12 +58,15 @@ class Context {
   void barrier();
   // A comm hook (empty: none). Before the first backward pass.
   void set_comm_hook(std::function<void(const HookCall&)> hook);
-  // Elastic contexts (elastic.cpp): the membership agreed by the ranks left after a loss.
+  // Elastic contexts (elastic.cpp): the membership agreed by the ranks left after a loss, or with the
+  // ranks that asked to join (on a joiner: its admission).
   void recover(ddp_membership_t* out, int* members, size_t capacity);
 
  private:
   enum class State { Open, Idle, InBackward };
-  void check_alive() const;
+  // Throws unless the context can run a call: DDP_ERR_ABORTED, DDP_ERR_RANK_LOST, or on a joiner not
+  // yet admitted DDP_ERR_RANK_JOINING (unless `before_admission`: registration, the comm hook).
+  void check_alive(bool before_admission = false) const;
   // The communicators, streams and prober over `comm` (ctrl_ made already): at creation and after a
   // recovery.
   void attach(Comm& comm);
@@ -72,6 +76,19 @@ class Context {
   std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
   void rebuild(std::unique_ptr<Comm> comm, Deadline dl);
+  // The communicators, streams, prober and reducer of the generation that ends, dropped.
+  void retire();
+  // Elastic joins (elastic.cpp): a joiner's admission; the admission of the joiners the ranks agreed on.
+  void join_job(ddp_membership_t* out, int* members, size_t capacity);
+  void admit_joiners(ddp_membership_t* out, int* members, size_t capacity);
+  // After a rebuild: whose state every rank takes (the first of those that committed the most), and
+  // the report of the change. `members`: each new rank's old number (-1: a joiner).
+  void settle_membership(int old_rank, int old_world, const std::vector<int>& members,
+                         const std::vector<int64_t>& committed, ddp_membership_t* out, int* members_out,
+                         size_t capacity);
+  // The join requests the ranks agreed on in an exchange (the highest slot any rank's watch saw).
+  void note_joins(int64_t upto);
+  void watch_joins();
   // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
@@ -156,6 +173,10 @@ class Context {
   std::string abort_reason_;
   bool lost_ = false;  // elastic: a peer was lost; only ddp_recover goes on
   std::string lost_reason_;
+  bool joining_ = false;       // a joiner's context, not yet admitted: registration and ddp_recover only
+  int64_t admitted_upto_ = 0;  // elastic: join slots settled (admitted, refused or passed over)
+  int64_t pending_upto_ = 0;   // agreed: joiners wait up to this slot; the next iteration answers RANK_JOINING
+  std::unique_ptr<JoinWatch> join_watch_;
   uint64_t epoch_ = 0;                 // elastic: membership changes so far
   uint64_t attempts_ = 0;              // elastic: recoveries tried for the next membership
   uint64_t wire_carried_[2] = {0, 0};  // bytes sent and received through communicators since replaced

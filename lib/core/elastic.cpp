@@ -3,7 +3,11 @@
 // membership through the communicator's store (Comm::regroup), get new communicators, streams and
 // a new reducer over the same registrations and plan, and learn whose state to take (the rank that
 // committed the most iterations: a failed iteration may have completed on some ranks first).
+// Joins go the same way: a joiner's request, seen by the ranks' join watches and agreed in an
+// iteration's exchange, makes the next iteration answer DDP_ERR_RANK_JOINING; ddp_recover then admits
+// it (Comm::admit on the ranks, Comm::join on the joiner) and rebuilds the context over everyone.
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/context.hpp"
 #include "core/log.hpp"
@@ -17,7 +21,7 @@ Error Context::lose(const Error& e) {
   if (reducer_) reducer_->cancel();
   // Every peer blocked on this rank fails now rather than at its timeout, and does the same.
   for (Comm* c : comms_) c->sever();
-  ctrl_->sever();
+  if (ctrl_) ctrl_->sever();
   if (bcast_) bcast_->sever();
   if (timeline_) timeline_->flush();
   log(DDP_LOG_WARN, "libddp: %s", lost_reason_.c_str());
@@ -27,17 +31,25 @@ Error Context::lose(const Error& e) {
 
 // The plan every survivor goes on with: the new rank 0's (none: every rank commits again). A failed
 // first iteration may have left some ranks with the learned plan and others without, and a loss in
-// ddp_commit some ranks committed and others not; each would then run different collectives.
+// ddp_commit some ranks committed and others not; each would then run different collectives. The
+// join slots settled travel with it (a loss in the middle of an admission leaves ranks apart), and
+// the agreed joiners still waiting are forgotten: the watches see them again and the next exchange
+// agrees on them anew.
 std::unique_ptr<Plan> Context::agreed_plan(const Plan* mine, Deadline dl) {
-  std::vector<int64_t> wire(2 + 2 * specs_.size(), 0);
-  if (rank_ == 0 && mine) {
-    wire[0] = mine->learned ? 2 : 1;
-    if (mine->learned) {
-      const std::vector<int64_t> s = mine->serialize();
-      std::copy(s.begin(), s.end(), wire.begin() + 1);
+  std::vector<int64_t> wire(3 + 2 * specs_.size(), 0);
+  if (rank_ == 0) {
+    wire.back() = admitted_upto_;
+    if (mine) {
+      wire[0] = mine->learned ? 2 : 1;
+      if (mine->learned) {
+        const std::vector<int64_t> s = mine->serialize();
+        std::copy(s.begin(), s.end(), wire.begin() + 1);
+      }
     }
   }
   ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, dl);
+  admitted_upto_ = pending_upto_ = wire.back();
+  wire.pop_back();
   if (wire[0] == 0) return nullptr;
   if (wire[0] == 1)
     return std::unique_ptr<Plan>(new Plan(registration_plan(specs_, cfg_.c.message_size, cfg_.c.num_streams)));
@@ -51,8 +63,12 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
     fail(DDP_ERR_ABORTED, "the context was aborted by an earlier error and can only be destroyed: %s",
          abort_reason_.c_str());
   if (!cfg_.c.elastic) fail(DDP_ERR_INVALID_STATE, "this context is not elastic (set config.elastic)");
+  if (joining_) return join_job(out, members, capacity);
+  if (!lost_ && pending_upto_ > admitted_upto_) return admit_joiners(out, members, capacity);
   if (!lost_)
-    fail(DDP_ERR_INVALID_STATE, "no rank was lost: ddp_recover follows a call that returned DDP_ERR_RANK_LOST");
+    fail(DDP_ERR_INVALID_STATE,
+         "no rank was lost and none waits to join: ddp_recover follows a call that returned DDP_ERR_RANK_LOST or "
+         "DDP_ERR_RANK_JOINING");
   // The old generation's work: cancelled; its collectives fail fast on the severed connections.
   const int64_t t = cfg_.c.timeout_ms;
   for (auto& s : streams_) {
@@ -66,23 +82,42 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   const int old_rank = rank_, old_world = world_;
   Regrouped g = agree_members(Deadline::after_ms(t), dl);
   rebuild(std::move(g.comm), dl);
+  lost_ = false;
+  settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
+}
+
+void Context::settle_membership(int old_rank, int old_world, const std::vector<int>& list,
+                                const std::vector<int64_t>& committed, ddp_membership_t* out, int* members,
+                                size_t capacity) {
+  if (committed.empty()) {  // no change after all (every joiner was passed over, or failed to arrive)
+    if (members)
+      for (int i = 0; i < world_ && static_cast<size_t>(i) < capacity; ++i) members[i] = i;
+    if (out) {
+      ddp_membership_t m{};
+      m.epoch = epoch_;
+      m.rank = m.old_rank = rank_;
+      m.world = m.old_world = world_;
+      m.committed = static_cast<int64_t>(iterations_);
+      *out = m;
+    }
+    return;
+  }
   // Whose state every rank takes: the first of those that committed the most iterations.
-  const int64_t most = *std::max_element(g.committed.begin(), g.committed.end());
-  const int source = static_cast<int>(std::find(g.committed.begin(), g.committed.end(), most) - g.committed.begin());
-  const bool behind = static_cast<int64_t>(iterations_) < most;
+  const int64_t most = *std::max_element(committed.begin(), committed.end());
+  const int source = static_cast<int>(std::find(committed.begin(), committed.end(), most) - committed.begin());
+  const bool behind = static_cast<int64_t>(iterations_) < most || old_rank < 0;
   iterations_ = static_cast<uint64_t>(most);
   progress_.iteration.store(most, std::memory_order_relaxed);
   ++epoch_;
   attempts_ = 0;
   stragglers_.reset();
-  lost_ = false;
-  std::string list;
-  for (int m : g.members) list += (list.empty() ? "" : ", ") + std::to_string(m);
+  std::string text;
+  for (int m : list) text += (text.empty() ? "" : ", ") + (m < 0 ? std::string("joiner") : std::to_string(m));
   log(DDP_LOG_WARN, "libddp: membership %llu: rank %d of %d is now rank %d of %d (old ranks %s); state from rank %d%s",
-      static_cast<unsigned long long>(epoch_), old_rank, old_world, rank_, world_, list.c_str(), source,
+      static_cast<unsigned long long>(epoch_), old_rank, old_world, rank_, world_, text.c_str(), source,
       behind ? " (this rank is behind)" : "");
   if (members)
-    for (size_t i = 0; i < g.members.size() && i < capacity; ++i) members[i] = g.members[i];
+    for (size_t i = 0; i < list.size() && i < capacity; ++i) members[i] = list[i];
   if (out) {
     ddp_membership_t m{};
     m.epoch = epoch_;
@@ -119,6 +154,17 @@ Regrouped Context::agree_members(Deadline window, Deadline dl) {
   }
 }
 
+void Context::retire() {
+  join_watch_.reset();
+  reducer_.reset();
+  streams_.clear();
+  prober_.reset();
+  owned_comms_.clear();
+  comms_.clear();
+  bcast_.reset();
+  ctrl_.reset();
+}
+
 // The old generation retired (its communicators keep what a written-off worker may still use), the
 // new one made over `comm`, with the reducer over the plan the survivors agree on.
 void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
@@ -127,13 +173,7 @@ void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
   wire_carried_[0] = wire[0] + wire_base_[0];
   wire_carried_[1] = wire[1] + wire_base_[1];
   std::unique_ptr<Plan> plan(reducer_ ? new Plan(reducer_->plan()) : nullptr);
-  reducer_.reset();
-  streams_.clear();
-  prober_.reset();
-  owned_comms_.clear();
-  comms_.clear();
-  bcast_.reset();
-  ctrl_.reset();
+  retire();
   base_ = std::move(comm);
   {
     const CreationScope bounded(dl);
@@ -151,6 +191,115 @@ void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
   }
   learning_ = false;
   user_stream_ = nullptr;
+}
+
+}  // namespace ddp
+
+namespace ddp {
+
+void Context::note_joins(int64_t upto) {
+  if (upto > admitted_upto_) pending_upto_ = std::max(pending_upto_, upto);
+}
+
+void Context::watch_joins() {
+  join_watch_.reset();
+  std::shared_ptr<JoinDesk> desk = ctrl_->join_desk();
+  if (desk)
+    join_watch_.reset(new JoinWatch(std::move(desk), admitted_upto_,
+                                    join_terms(cfg_, ctrl_->memory(), specs_, static_cast<bool>(hook_))));
+}
+
+// The joiners the ranks agreed on: rank 0 reads their requests and passes over those refused or
+// given up, every rank learns its choice, and all meet the joiners on a new communicator. Whether
+// every rank made it is asked on the old one: where any did not (a joiner died on the way), every rank
+// goes on as it was.
+void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity) {
+  const int64_t t = cfg_.c.timeout_ms;
+  const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+  const int64_t from = admitted_upto_, upto = pending_upto_;
+  std::vector<int64_t> wire(static_cast<size_t>(upto - from) + 1, 0);
+  std::shared_ptr<JoinDesk> desk = ctrl_->join_desk();
+  if (rank_ == 0 && desk) {
+    const JoinTerms terms = join_terms(cfg_, ctrl_->memory(), specs_, static_cast<bool>(hook_));
+    for (int64_t slot = from; slot < upto; ++slot) {
+      std::string text;
+      bool expired = false;
+      if (!desk->request(slot, &text)) continue;
+      const std::string why = refuse_join(text, terms, &expired);
+      if (!why.empty()) desk->answer(slot, "R" + why);
+      if (why.empty() && !expired) wire[static_cast<size_t>(++wire[0])] = slot;
+    }
+  }
+  std::vector<int64_t> slots;
+  const int old_rank = rank_, old_world = world_;
+  std::unique_ptr<Comm> comm;
+  int32_t ok = 1;
+  fatal_on_error([&] { ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, dl); });
+  slots.assign(wire.begin() + 1, wire.begin() + 1 + wire[0]);
+  admitted_upto_ = pending_upto_ = upto;
+  if (slots.empty()) return settle_membership(rank_, world_, {}, {}, out, members, capacity);
+  try {
+    const CreationScope bounded(dl);
+    comm = ctrl_->admit(std::to_string(epoch_ + 1) + "." + std::to_string(attempts_++), slots,
+                        std::to_string(epoch_ + 1), dl);
+  } catch (const Error& e) {
+    ok = 0;
+    log(DDP_LOG_WARN, "libddp: rank %d: the admission of %zu joiner(s) failed here: %s", rank_, slots.size(), e.what());
+  }
+  std::vector<int32_t> all(static_cast<size_t>(world_), 0);
+  fatal_on_error([&] { ctrl_->allgather_host(&ok, all.data(), sizeof ok, dl); });
+  if (std::find(all.begin(), all.end(), 0) != all.end()) {
+    comm.reset();
+    log(DDP_LOG_WARN,
+        "libddp: the joiners did not complete their admission (a joiner died or left): membership unchanged");
+    return settle_membership(rank_, world_, {}, {}, out, members, capacity);
+  }
+  rebuild(std::move(comm), dl);
+  std::vector<int> list(static_cast<size_t>(world_), -1);
+  for (int r = 0; r < old_world; ++r) list[static_cast<size_t>(r)] = r;
+  std::vector<int64_t> committed(static_cast<size_t>(world_), 0);
+  const int64_t mine = static_cast<int64_t>(iterations_);
+  fatal_on_error([&] { ctrl_->allgather_host(&mine, committed.data(), sizeof mine, dl); });
+  settle_membership(old_rank, old_world, list, committed, out, members, capacity);
+}
+
+// A joiner: files its request, waits for the job's answer, and takes part in the rebuild that every
+// rank of the job makes over the new membership (the plan is the job's). A failure leaves it a joiner
+// that may ask again.
+void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
+  if (specs_.empty())
+    fail(DDP_ERR_INVALID_STATE,
+         "register the grads before ddp_recover: the job admits a joiner whose grads match its own");
+  const int64_t t = cfg_.c.timeout_ms;
+  const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+  std::string note;
+  std::unique_ptr<Comm> comm = base_->join(
+      join_request(join_terms(cfg_, Memory::Host, specs_, static_cast<bool>(hook_))), &note, Deadline::never());
+  std::unique_ptr<Comm> joiner = std::move(base_);
+  try {
+    joining_ = false;
+    rebuild(std::move(comm), dl);
+    std::vector<int64_t> committed(static_cast<size_t>(world_), 0);
+    const int64_t mine = -1;
+    ctrl_->allgather_host(&mine, committed.data(), sizeof mine, dl);
+    std::vector<int> list(static_cast<size_t>(world_), -1);
+    int before = 0;
+    for (int r = 0; r < world_; ++r)
+      if (committed[static_cast<size_t>(r)] >= 0) list[static_cast<size_t>(r)] = before++;
+    epoch_ = std::strtoull(note.c_str(), nullptr, 10) - 1;
+    if (!cfg_.timeline_path.empty() && !timeline_)
+      timeline_.reset(new Timeline(cfg_.timeline_path, rank_, cfg_.c.num_streams));
+    settle_membership(-1, before, list, committed, out, members, capacity);
+  } catch (const Error& e) {
+    retire();
+    base_ = std::move(joiner);
+    joining_ = true;
+    rank_ = -1;
+    world_ = 0;
+    state_ = State::Open;
+    fail(e.status() == DDP_ERR_MISMATCH ? DDP_ERR_MISMATCH : DDP_ERR_TIMEOUT,
+         "the admission did not complete (call ddp_recover again to ask again): %s", e.what());
+  }
 }
 
 }  // namespace ddp

@@ -7,11 +7,22 @@
 
 namespace ddp {
 
+// Elastic: joiners the ranks agreed on wait; the iteration that would start now is the step boundary.
+static void check_no_joiners(int64_t pending, int64_t admitted) {
+  if (pending > admitted)
+    fail(DDP_ERR_RANK_JOINING,
+         "%lld rank(s) asked to join the job and wait at this step boundary (nothing of this call was done): call "
+         "ddp_recover, take the state of membership.source (parameters, optimizer state, step count: the joiners "
+         "receive it), then make this call again",
+         static_cast<long long>(pending - admitted));
+}
+
 void Context::begin_backward(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   if (state_ == State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "a backward pass is already in progress (call ddp_finish_backward first)");
+  check_no_joiners(pending_upto_, admitted_upto_);
   fatal_on_error([&] {
     commit_locked();
     if (sync_ && cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kBackwardPass);  // who contributes (ddp_join)
@@ -118,11 +129,15 @@ void Context::finish_backward(void* stream) {
     mine.ready = static_cast<int64_t>(end - std::max(begin_ns_, last_ready_ns_));
     mine.entry = static_cast<int64_t>(end - std::min(end, std::max(begin_ns_, reducer_->latest_start_ns())));
     // (DDP_UNUSED_ZERO makes no exchange after the buckets, and none is added for the times: on GPUs
-    // it would make the host wait for the device in every iteration.)
-    if (!cfg_.unused_zero()) {
-      unused_text = unused_report_.exchange(*ctrl_, scratch_unused_, deadline(), true, mine);
+    // it would make the host wait for the device in every iteration. Elastic contexts, on host memory,
+    // always exchange: the report carries what each rank's join watch saw.)
+    if (!cfg_.unused_zero() || cfg_.c.elastic) {
+      static const std::vector<int> none;
+      unused_text = unused_report_.exchange(*ctrl_, cfg_.unused_zero() ? none : scratch_unused_, deadline(), true, mine,
+                                            join_watch_ ? join_watch_->upto() : 0);
       unused_report_.times(&step_times_);
       watch_stragglers();
+      note_joins(unused_report_.joins());
     }
   });
   unused_report_.synced();
@@ -152,6 +167,7 @@ void Context::reduce_all(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  check_no_joiners(pending_upto_, admitted_upto_);
   CallScope scope(this, Call::ReduceAll, Call::Idle);
   progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   fatal_on_error([&] {
@@ -160,6 +176,11 @@ void Context::reduce_all(void* stream) {
     reducer_->begin(stream, iterations_);
     reducer_->launch_all();
     wait_buckets(stream);
+    if (cfg_.c.elastic) {  // what the join watches saw, as after a backward pass
+      (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline(), false, StepTimes{-1, 0, 0},
+                                    join_watch_ ? join_watch_->upto() : 0);
+      note_joins(unused_report_.joins());
+    }
   });
   unused_report_.synced();
   ++iterations_;

@@ -74,6 +74,7 @@ void Context::wire_totals(bool own, uint64_t out[2]) const {
     if (std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
   out[0] = out[1] = 0;
   for (const Comm* c : all) {
+    if (!c) continue;  // a joiner before its admission
     out[0] += c->wire_bytes()->sent.load(std::memory_order_relaxed);
     out[1] += c->wire_bytes()->received.load(std::memory_order_relaxed);
   }

@@ -324,8 +324,9 @@ std::shared_ptr<Store> open_tcp(const std::string& host, int port, int rank, Dea
   std::unique_ptr<TcpStoreServer> server;
   if (rank == 0 && !knobs::store_external()) server.reset(new TcpStoreServer(port));
   const std::string where = host + ":" + std::to_string(port);
-  tcp::Socket s =
-      tcp::connect_to(host, port, dl, "rank " + std::to_string(rank) + ": the rendezvous store at " + where);
+  tcp::Socket s = tcp::connect_to(
+      host, port, dl,
+      (rank >= 0 ? "rank " + std::to_string(rank) : "a joining rank") + ": the rendezvous store at " + where);
   *local = tcp::local_address(s);
   return std::make_shared<TcpStore>(std::move(server), std::move(s), where);
 }
@@ -344,7 +345,8 @@ void split_host_port(const std::string& hp, std::string* host, int* port) {
   *port = static_cast<int>(p);
 }
 
-Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl);
+// `joining`: a rank that joins a running job (rank -1; never serves a TCP store).
+Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl, bool joining = false);
 
 }  // namespace
 
@@ -366,15 +368,21 @@ Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline
   return rv;
 }
 
+Rendezvous open_joining_store(const char* init_method, Deadline dl) { return open_store(init_method, -1, 0, dl, true); }
+
 namespace {
 
-Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl) {
+Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl, bool joining) {
   std::string m = init_method && *init_method ? init_method : "env://";
   Rendezvous rv;
-  rv.rank = rank >= 0 ? rank : parse_int(std::getenv("RANK"), "RANK", kEnvHint);
-  rv.size = size >= 0 ? size : parse_int(std::getenv("WORLD_SIZE"), "WORLD_SIZE", kEnvHint);
-  if (rv.size < 1 || rv.rank >= rv.size)
-    fail(DDP_ERR_INVALID_ARGUMENT, "rank %d of a world of %d: the rank must lie in 0..size-1", rv.rank, rv.size);
+  if (joining) {
+    rv.rank = -1, rv.size = 0;
+  } else {
+    rv.rank = rank >= 0 ? rank : parse_int(std::getenv("RANK"), "RANK", kEnvHint);
+    rv.size = size >= 0 ? size : parse_int(std::getenv("WORLD_SIZE"), "WORLD_SIZE", kEnvHint);
+    if (rv.size < 1 || rv.rank >= rv.size)
+      fail(DDP_ERR_INVALID_ARGUMENT, "rank %d of a world of %d: the rank must lie in 0..size-1", rv.rank, rv.size);
+  }
   if (m == "env://") {
     const char* addr = std::getenv("MASTER_ADDR");
     if (!addr || !*addr) fail(DDP_ERR_INVALID_ARGUMENT, "MASTER_ADDR is not set%s", kEnvHint);

@@ -47,6 +47,10 @@ struct Rendezvous {
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl);
 Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl, const std::string& job);
 
+// The store alone, for a process that joins a running elastic job: no arrival (the job's world met
+// long ago), and a TCP store is never served here (it lives in rank 0's process or in tools/ddp_store).
+Rendezvous open_joining_store(const char* init_method, Deadline dl);
+
 // The arrival: rank 0 publishes its job id and WORLD_SIZE, every other rank checks its own against
 // them and claims its rank number; rank 0 waits until every rank of the world has arrived (a progress
 // line through the log every DDP_INIT_PROGRESS_MS meanwhile) and tells them all to go on. Refused with

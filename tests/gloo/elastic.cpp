@@ -6,7 +6,9 @@
 // iterations and finish the run; then every survivor's parameters must be bitwise equal to the
 // others' and equal (to float rounding) a float64 replay driven by the membership log, no process
 // may hang or crash, and the survivors' first committed step must come within timeout_ms + 1 s of
-// the death. Prints "elastic: P passed, F failed".
+// the death. Replacement scenarios start a new process after the death (ddp_comm_join_gloo): the
+// survivors must admit it at a step boundary (DDP_ERR_RANK_JOINING, ddp_recover), and it must end
+// bitwise equal to them. Prints "elastic: P passed, F failed".
 // Usage: elastic [SCENARIOS [SEED]]  (default 12 scenarios, seed from the clock). ELASTIC_STORE_BIN:
 // tools/ddp_store, for scenarios whose TCP store outlives every rank (rank 0 may die); ELASTIC_VERBOSE=1:
 // the ranks' stderr on the terminal; ELASTIC_ONLY=K: only scenario K of the sequence.
@@ -60,6 +62,7 @@ struct Scenario {
   int victim2 = -1, step2 = 0;
   bool in_recovery = false;
   int64_t timeout_ms = kTimeoutMs;
+  bool replace = false;   // a new process (identity np) joins after the death
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
   bool external = false;  // tcp:// served by tools/ddp_store (any rank may die)
   std::vector<size_t> sizes;
@@ -98,10 +101,29 @@ float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 +
     }                                                                                                               \
   } while (0)
 
-// One rank's run; `id` is its rank at creation (its identity: the membership log names ids).
+// Every rank's identity, in rank order, learned after a membership change.
+std::vector<int> learn_ids(ddp_t ddp, int id, const ddp_membership_t& m) {
+  std::vector<int32_t> all(static_cast<size_t>(m.world), 0);
+  all[static_cast<size_t>(m.rank)] = id + 1;
+  ddp_status_t st = ddp_allreduce_host(ddp, all.data(), all.size(), DDP_I32, DDP_OP_SUM);
+  if (st != DDP_SUCCESS) {
+    std::fprintf(stderr, "rank id %d: learning the ids: %s: %s\n", id, ddp_status_string(st), ddp_last_error());
+    _exit(3);
+  }
+  std::vector<int> ids;
+  for (int32_t x : all) ids.push_back(x - 1);
+  return ids;
+}
+
+// One rank's run; `id` is its rank at creation (its identity: the membership log names ids), or for
+// the joiner of a replacement scenario np.
 int worker(const Scenario& s, int id) {
+  const bool joiner = id == s.np;
   ddp_comm_t comm = nullptr;
-  CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
+  if (joiner)
+    CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
+  else
+    CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
   ddp_config_t cfg;
   ddp_config_init(&cfg);
   cfg.elastic = 1;
@@ -129,7 +151,6 @@ int worker(const Scenario& s, int id) {
       grads[g] = static_cast<float*>(p);
     }
   };
-  find_grads();
   std::vector<int> ids(static_cast<size_t>(s.np));
   for (int r = 0; r < s.np; ++r) ids[static_cast<size_t>(r)] = r;
   std::ostringstream log;  // "step K: ids" per committed step
@@ -137,8 +158,34 @@ int worker(const Scenario& s, int id) {
   uint64_t first_commit_after = 0;
   bool recovered = false;
   int64_t step = 0;
+  auto take_state = [&](const ddp_membership_t& m) {
+    std::vector<void*> bufs;
+    std::vector<size_t> counts;
+    std::vector<ddp_dtype_t> types;
+    for (size_t g = 0; g < ng; ++g) {
+      bufs.push_back(params[g].data());
+      counts.push_back(s.sizes[g]);
+      types.push_back(DDP_F32);
+    }
+    CHECK_OK(ddp_broadcast(ddp, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr));
+  };
+  if (joiner) {  // admitted at the job's next step boundary; its state from the source
+    ddp_membership_t m;
+    CHECK_OK(ddp_recover(ddp, &m, nullptr, 0));
+    if (m.old_rank != -1 || m.behind != 1) {
+      std::fprintf(stderr, "rank id %d: a joiner's membership says old_rank %d, behind %d\n", id, m.old_rank, m.behind);
+      _exit(5);
+    }
+    ids = learn_ids(ddp, id, m);
+    take_state(m);
+    step = m.committed;
+  }
+  find_grads();
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
-  while (step < kSteps) {
+  // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
+  // and the run goes on until it is back (bounded: 150 more steps).
+  auto short_handed = [&] { return s.replace && ids.size() < static_cast<size_t>(s.np); };
+  while (step < kSteps || (short_handed() && step < kSteps + 150)) {
     const bool dies_now = victim && step == s.step;
     if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
     if (dies_now && s.point == BeforeBegin) die_now(s);
@@ -170,17 +217,18 @@ int worker(const Scenario& s, int id) {
       log << "\n";
       ++step;
       if (recovered && !first_commit_after) first_commit_after = now_ns();
+      if (short_handed()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
       if (dies_now && s.point == AfterUpdate) die_now(s);
       continue;
     }
-    if (st != DDP_ERR_RANK_LOST) {
+    if (st != DDP_ERR_RANK_LOST && st != DDP_ERR_RANK_JOINING) {
       std::fprintf(stderr, "rank id %d: step %lld: %s: %s\n", id, static_cast<long long>(step), ddp_status_string(st),
                    ddp_last_error());
       _exit(4);
     }
     // Recover, then take the state of the rank that committed the most.
     ddp_membership_t m;
-    std::vector<int> members(static_cast<size_t>(s.np), -1);
+    std::vector<int> members(static_cast<size_t>(s.np) + 1, -1);
     if (id == s.victim2 && s.in_recovery) die_now(s, false);
     st = ddp_recover(ddp, &m, members.data(), members.size());
     // A survivor that died after checking in leaves the others waiting for its connection: they
@@ -193,18 +241,16 @@ int worker(const Scenario& s, int id) {
       _exit(7);
     }
     CHECK_OK(st);
-    std::vector<int> old_ids = ids;
-    ids.clear();
-    for (int i = 0; i < m.world; ++i) ids.push_back(old_ids[static_cast<size_t>(members[static_cast<size_t>(i)])]);
-    std::vector<void*> bufs;
-    std::vector<size_t> counts;
-    std::vector<ddp_dtype_t> types;
-    for (size_t g = 0; g < ng; ++g) {
-      bufs.push_back(params[g].data());
-      counts.push_back(s.sizes[g]);
-      types.push_back(DDP_F32);
+    const std::vector<int> old_ids = ids;
+    ids = learn_ids(ddp, id, m);
+    for (int i = 0; i < m.world && i < static_cast<int>(members.size()); ++i) {
+      const int was = members[static_cast<size_t>(i)];  // each new rank's old number (-1: a joiner)
+      if (was >= 0 && ids[static_cast<size_t>(i)] != old_ids[static_cast<size_t>(was)]) {
+        std::fprintf(stderr, "rank id %d: members[%d] = %d names the wrong rank\n", id, i, was);
+        _exit(5);
+      }
     }
-    CHECK_OK(ddp_broadcast(ddp, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr));
+    take_state(m);
     for (; step < m.committed; ++step) {  // steps the old world committed without this rank
       log << "step " << step << ":";
       for (int x : old_ids) log << " " << x;
@@ -273,7 +319,7 @@ std::string run(Scenario s, double* recovery_ms) {
       if (pid > 0) kill(pid, SIGTERM), waitpid(pid, nullptr, 0);
     }
   } stop_store{store};
-  for (int r = 0; r < s.np; ++r) {
+  auto start = [&](int r) {  // rank r, or the joiner (r == np)
     const pid_t p = fork();
     if (p == 0) {
       if (s.external) setenv("DDP_STORE_EXTERNAL", "1", 1);
@@ -284,10 +330,12 @@ std::string run(Scenario s, double* recovery_ms) {
       _exit(worker(s, r));
     }
     pids.push_back(p);
-  }
+  };
+  for (int r = 0; r < s.np; ++r) start(r);
+  const int procs = s.np + (s.replace ? 1 : 0);
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  std::vector<int> status(static_cast<size_t>(s.np), -1);
-  int left = s.np;
+  std::vector<int> status(static_cast<size_t>(procs), -1);
+  int left = procs;
   while (left > 0 && std::chrono::steady_clock::now() < limit) {
     int st = 0;
     const pid_t p = waitpid(-1, &st, WNOHANG);
@@ -295,20 +343,22 @@ std::string run(Scenario s, double* recovery_ms) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    for (int r = 0; r < s.np; ++r)
-      if (pids[static_cast<size_t>(r)] == p) status[static_cast<size_t>(r)] = st, --left;
+    for (size_t r = 0; r < pids.size(); ++r)
+      if (pids[r] == p) status[r] = st, --left;
+    if (s.replace && pids.size() == static_cast<size_t>(s.np) && p == pids[static_cast<size_t>(s.victim)])
+      start(s.np);  // the replacement, once the victim is gone
   }
   std::string why;
   if (left > 0) {
     why = "hang: " + std::to_string(left) + " processes still running after 90 s";
-    for (int r = 0; r < s.np; ++r)
-      if (status[static_cast<size_t>(r)] == -1) {
-        kill(pids[static_cast<size_t>(r)], SIGKILL);
-        waitpid(pids[static_cast<size_t>(r)], nullptr, 0);
+    for (size_t r = 0; r < pids.size(); ++r)
+      if (status[r] == -1) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], nullptr, 0);
       }
     return why;
   }
-  for (int r = 0; r < s.np; ++r) {
+  for (int r = 0; r < procs; ++r) {
     const int st = status[static_cast<size_t>(r)];
     if (r == s.victim && s.point == Stalls) {
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 7))
@@ -326,14 +376,22 @@ std::string run(Scenario s, double* recovery_ms) {
              ": " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
   }
   if (!why.empty()) return why;
-  // Every survivor: the same log and bitwise the same parameters.
+  // Every survivor: the same log and bitwise the same parameters; the joiner the log's last steps
+  // and the same parameters.
   std::string ref_log, ref_params;
   uint64_t latest_first = 0;
-  for (int r = 0; r < s.np; ++r) {
+  for (int r = 0; r < procs; ++r) {
     if (r == s.victim || r == s.victim2) continue;
     const std::string out = read_file(s.dir + "/out." + std::to_string(r));
     const size_t a = out.find("first_commit_after "), b = out.find("params");
+    if (a == std::string::npos || b == std::string::npos) return "rank id " + std::to_string(r) + " wrote no result";
     const std::string lg = out.substr(0, a), pr = out.substr(b);
+    if (r == s.np) {
+      if (lg.empty() || lg.size() > ref_log.size() || ref_log.compare(ref_log.size() - lg.size(), lg.size(), lg) != 0)
+        return "the joiner's steps are not the last of the others':\n" + ref_log + "against\n" + lg;
+      if (pr != ref_params) return "the joiner's parameters differ from the survivors'";
+      continue;
+    }
     latest_first = std::max<uint64_t>(latest_first, std::strtoull(out.c_str() + a + 19, nullptr, 10));
     if (ref_log.empty()) ref_log = lg, ref_params = pr;
     if (lg != ref_log) return "membership logs differ:\n" + ref_log + "against\n" + lg;
@@ -363,7 +421,7 @@ std::string run(Scenario s, double* recovery_ms) {
         p[g][i] -= kLr * (sum / static_cast<double>(who.size()));
       }
   }
-  if (lines != kSteps) return "the log holds " + std::to_string(lines) + " steps";
+  if (lines < kSteps) return "the log holds " + std::to_string(lines) + " steps";
   std::istringstream ps(ref_params.substr(6));
   double worst = 0;
   for (size_t g = 0; g < s.sizes.size(); ++g)
@@ -423,7 +481,8 @@ int main(int argc, char** argv) {
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
     if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
-    if (s.np == 4 && s.point != Stalls && rng() % 3 == 0) {
+    s.replace = s.point != Stalls && rng() % 3 == 0;
+    if (s.np == 4 && s.point != Stalls && !s.replace && rng() % 3 == 0) {
       s.victim2 = (s.victim + 1 + static_cast<int>(rng() % 3)) % 4;
       s.in_recovery = rng() % 2 == 0;
       s.step2 = s.step + 1 + static_cast<int>(rng() % static_cast<unsigned>(kSteps - 2 - s.step));
@@ -454,11 +513,12 @@ int main(int argc, char** argv) {
           s.in_recovery ? "; rank %d killed entering the recovery" : "; rank %d killed before its backward at step %d",
           s.victim2, s.step2);
     char what[320];
-    std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s%s", s.np,
+    std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s%s%s", s.np,
                   s.external ? "ddp_store"
                   : s.tcp    ? "tcp"
                              : "file",
-                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point), second);
+                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point), second,
+                  s.replace ? ", a replacement joins" : "");
     if (why.empty()) {
       ++pass;
       if (ms >= 0) rec.push_back(ms);

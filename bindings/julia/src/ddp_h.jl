@@ -23,7 +23,8 @@ const ERR_TIMEOUT = Cint(9)
 const ERR_ABORTED = Cint(10)
 const ERR_INTERNAL = Cint(11)
 const ERR_RANK_LOST = Cint(12)
-const STATUS_COUNT = Cint(13)
+const ERR_RANK_JOINING = Cint(13)
+const STATUS_COUNT = Cint(14)
 
 # enum ddp_dtype_t
 const ddp_dtype_t = Cint
@@ -208,14 +209,14 @@ const CONFIG_V1_SIZE =
 
 # Every function of ddp.h, in its order.
 const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_init_mpi, :ddp_comm_init_gloo,
-                   :ddp_comm_init_gloo_timeout, :ddp_comm_init_self, :ddp_local_group_create, :ddp_comm_init_local,
-                   :ddp_local_group_destroy, :ddp_nccl_get_unique_id, :ddp_comm_init_nccl, :ddp_comm_init_nccl_timeout,
-                   :ddp_comm_init_nccl_mpi, :ddp_comm_init_nccl_mpi_timeout, :ddp_comm_init_nccl_store,
-                   :ddp_comm_init_nccl_store_timeout, :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size,
-                   :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create, :ddp_register_grad,
-                   :ddp_commit, :ddp_grad_ptr, :ddp_set_grad_ptr, :ddp_begin_backward, :ddp_grad_ready,
-                   :ddp_grad_ready_ptr, :ddp_finish_backward, :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast,
-                   :ddp_synchronize, :ddp_join, :ddp_recover, :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook,
-                   :ddp_comm_allreduce, :ddp_get_stats, :ddp_get_plan, :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard,
-                   :ddp_param_ptr, :ddp_broadcast_params, :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm,
-                   :ddp_destroy, :ddp_set_log_callback)
+                   :ddp_comm_init_gloo_timeout, :ddp_comm_join_gloo, :ddp_comm_init_self, :ddp_local_group_create,
+                   :ddp_comm_init_local, :ddp_local_group_destroy, :ddp_nccl_get_unique_id, :ddp_comm_init_nccl,
+                   :ddp_comm_init_nccl_timeout, :ddp_comm_init_nccl_mpi, :ddp_comm_init_nccl_mpi_timeout,
+                   :ddp_comm_init_nccl_store, :ddp_comm_init_nccl_store_timeout, :ddp_comm_wrap_nccl, :ddp_comm_rank,
+                   :ddp_comm_size, :ddp_comm_destroy, :ddp_config_init_sized, :ddp_config_init, :ddp_create,
+                   :ddp_register_grad, :ddp_commit, :ddp_grad_ptr, :ddp_set_grad_ptr, :ddp_begin_backward,
+                   :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward, :ddp_set_sync, :ddp_reduce_all,
+                   :ddp_broadcast, :ddp_synchronize, :ddp_join, :ddp_recover, :ddp_allreduce_host, :ddp_barrier,
+                   :ddp_set_comm_hook, :ddp_comm_allreduce, :ddp_get_stats, :ddp_get_plan, :ddp_get_bucket,
+                   :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr, :ddp_broadcast_params, :ddp_gather_params,
+                   :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback)

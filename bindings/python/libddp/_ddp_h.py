@@ -26,7 +26,8 @@ DDP_ERR_TIMEOUT = 9
 DDP_ERR_ABORTED = 10
 DDP_ERR_INTERNAL = 11
 DDP_ERR_RANK_LOST = 12
-DDP_STATUS_COUNT = 13
+DDP_ERR_RANK_JOINING = 13
+DDP_STATUS_COUNT = 14
 
 # enum ddp_dtype_t
 ddp_dtype_t = ctypes.c_int
@@ -236,6 +237,7 @@ FUNCTIONS = {
     "ddp_comm_init_gloo": (ddp_status_t, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ddp_comm_t)]),
     "ddp_comm_init_gloo_timeout": (ddp_status_t, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                                                   ctypes.POINTER(ddp_comm_t)]),
+    "ddp_comm_join_gloo": (ddp_status_t, [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ddp_comm_t)]),
     "ddp_comm_init_self": (ddp_status_t, [ctypes.POINTER(ddp_comm_t)]),
     "ddp_local_group_create": (ddp_status_t, [ctypes.c_int, ctypes.POINTER(ddp_local_group_t)]),
     "ddp_comm_init_local": (ddp_status_t, [ddp_local_group_t, ctypes.c_int, ctypes.POINTER(ddp_comm_t)]),
@@ -299,16 +301,16 @@ FUNCTIONS = {
 }
 # The functions that return a ddp_status_t: declare() gives them the errcheck.
 RETURNS_STATUS = frozenset(["ddp_comm_init_mpi", "ddp_comm_init_gloo", "ddp_comm_init_gloo_timeout",
-    "ddp_comm_init_self", "ddp_local_group_create", "ddp_comm_init_local", "ddp_local_group_destroy",
-    "ddp_nccl_get_unique_id", "ddp_comm_init_nccl", "ddp_comm_init_nccl_timeout", "ddp_comm_init_nccl_mpi",
-    "ddp_comm_init_nccl_mpi_timeout", "ddp_comm_init_nccl_store", "ddp_comm_init_nccl_store_timeout",
-    "ddp_comm_wrap_nccl", "ddp_comm_rank", "ddp_comm_size", "ddp_comm_destroy", "ddp_config_init_sized",
-    "ddp_config_init", "ddp_create", "ddp_register_grad", "ddp_commit", "ddp_grad_ptr", "ddp_set_grad_ptr",
-    "ddp_begin_backward", "ddp_grad_ready", "ddp_grad_ready_ptr", "ddp_finish_backward", "ddp_set_sync",
-    "ddp_reduce_all", "ddp_broadcast", "ddp_synchronize", "ddp_join", "ddp_recover", "ddp_allreduce_host",
-    "ddp_barrier", "ddp_set_comm_hook", "ddp_comm_allreduce", "ddp_get_stats", "ddp_get_plan", "ddp_get_bucket",
-    "ddp_get_shard", "ddp_grad_shard", "ddp_param_ptr", "ddp_broadcast_params", "ddp_gather_params", "ddp_wait_params",
-    "ddp_shard_norm", "ddp_destroy", "ddp_set_log_callback"])
+    "ddp_comm_join_gloo", "ddp_comm_init_self", "ddp_local_group_create", "ddp_comm_init_local",
+    "ddp_local_group_destroy", "ddp_nccl_get_unique_id", "ddp_comm_init_nccl", "ddp_comm_init_nccl_timeout",
+    "ddp_comm_init_nccl_mpi", "ddp_comm_init_nccl_mpi_timeout", "ddp_comm_init_nccl_store",
+    "ddp_comm_init_nccl_store_timeout", "ddp_comm_wrap_nccl", "ddp_comm_rank", "ddp_comm_size", "ddp_comm_destroy",
+    "ddp_config_init_sized", "ddp_config_init", "ddp_create", "ddp_register_grad", "ddp_commit", "ddp_grad_ptr",
+    "ddp_set_grad_ptr", "ddp_begin_backward", "ddp_grad_ready", "ddp_grad_ready_ptr", "ddp_finish_backward",
+    "ddp_set_sync", "ddp_reduce_all", "ddp_broadcast", "ddp_synchronize", "ddp_join", "ddp_recover",
+    "ddp_allreduce_host", "ddp_barrier", "ddp_set_comm_hook", "ddp_comm_allreduce", "ddp_get_stats", "ddp_get_plan",
+    "ddp_get_bucket", "ddp_get_shard", "ddp_grad_shard", "ddp_param_ptr", "ddp_broadcast_params", "ddp_gather_params",
+    "ddp_wait_params", "ddp_shard_norm", "ddp_destroy", "ddp_set_log_callback"])
 
 
 def declare(lib, errcheck=None):
@@ -325,14 +327,15 @@ def declare(lib, errcheck=None):
 __all__ = ["DDP_VERSION_MAJOR", "DDP_VERSION_MINOR", "DDP_VERSION_PATCH", "DDP_VERSION_CODE", "ddp_status_t",
            "DDP_SUCCESS", "DDP_ERR_INVALID_ARGUMENT", "DDP_ERR_INVALID_STATE", "DDP_ERR_MISMATCH",
            "DDP_ERR_OUT_OF_MEMORY", "DDP_ERR_UNSUPPORTED", "DDP_ERR_CUDA", "DDP_ERR_NCCL", "DDP_ERR_MPI",
-           "DDP_ERR_TIMEOUT", "DDP_ERR_ABORTED", "DDP_ERR_INTERNAL", "DDP_ERR_RANK_LOST", "DDP_STATUS_COUNT",
-           "ddp_dtype_t", "DDP_F16", "DDP_BF16", "DDP_F32", "DDP_F64", "DDP_DTYPE_COUNT", "DDP_I32", "DDP_I64",
-           "ddp_op_t", "DDP_OP_SUM", "DDP_OP_AVG", "DDP_OP_MAX", "DDP_OP_MIN", "ddp_compression_t", "DDP_COMPRESS_NONE",
-           "DDP_COMPRESS_BF16", "DDP_COMPRESS_FP16", "DDP_COMPRESS_INT8", "ddp_uneven_t", "DDP_UNEVEN_OFF",
-           "DDP_UNEVEN_BY_CONTRIBUTORS", "DDP_UNEVEN_BY_WORLD", "ddp_layout_t", "DDP_LAYOUT_COPY", "DDP_LAYOUT_ARENA",
-           "ddp_plan_order_t", "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t", "DDP_UNUSED_ERROR",
-           "DDP_UNUSED_ZERO", "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t", "ddp_local_group_t",
-           "ddp_nccl_id_t", "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t", "DDP_CONFIG_V1_SIZE", "ddp_t",
-           "ddp_membership_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn", "ddp_stats_t", "ddp_late_t", "DDP_LATE_NONE",
-           "DDP_LATE_INPUT", "DDP_LATE_COMPUTE", "DDP_LATE_WIRE", "ddp_bucket_info_t", "ddp_shard_info_t",
-           "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS", "RETURNS_STATUS", "declare"]
+           "DDP_ERR_TIMEOUT", "DDP_ERR_ABORTED", "DDP_ERR_INTERNAL", "DDP_ERR_RANK_LOST", "DDP_ERR_RANK_JOINING",
+           "DDP_STATUS_COUNT", "ddp_dtype_t", "DDP_F16", "DDP_BF16", "DDP_F32", "DDP_F64", "DDP_DTYPE_COUNT", "DDP_I32",
+           "DDP_I64", "ddp_op_t", "DDP_OP_SUM", "DDP_OP_AVG", "DDP_OP_MAX", "DDP_OP_MIN", "ddp_compression_t",
+           "DDP_COMPRESS_NONE", "DDP_COMPRESS_BF16", "DDP_COMPRESS_FP16", "DDP_COMPRESS_INT8", "ddp_uneven_t",
+           "DDP_UNEVEN_OFF", "DDP_UNEVEN_BY_CONTRIBUTORS", "DDP_UNEVEN_BY_WORLD", "ddp_layout_t", "DDP_LAYOUT_COPY",
+           "DDP_LAYOUT_ARENA", "ddp_plan_order_t", "DDP_PLAN_LEARNED", "DDP_PLAN_REGISTRATION", "ddp_unused_policy_t",
+           "DDP_UNUSED_ERROR", "DDP_UNUSED_ZERO", "DDP_GRAD_TRIGGER", "DDP_GRAD_STAND_IN", "ddp_comm_t",
+           "ddp_local_group_t", "ddp_nccl_id_t", "DDP_CONFIG_MAGIC", "DDP_CONFIG_VERSION", "ddp_config_t",
+           "DDP_CONFIG_V1_SIZE", "ddp_t", "ddp_membership_t", "ddp_hook_bucket_t", "ddp_comm_hook_fn", "ddp_stats_t",
+           "ddp_late_t", "DDP_LATE_NONE", "DDP_LATE_INPUT", "DDP_LATE_COMPUTE", "DDP_LATE_WIRE", "ddp_bucket_info_t",
+           "ddp_shard_info_t", "ddp_log_level_t", "DDP_LOG_WARN", "DDP_LOG_INFO", "ddp_log_fn", "FUNCTIONS",
+           "RETURNS_STATUS", "declare"]

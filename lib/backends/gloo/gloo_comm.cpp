@@ -247,12 +247,52 @@ void rethrow_gloo_failure(int rank, int size, const std::string& what) {
   }
 }
 
+// The job's join requests under a lineage's keys: "<lineage>.join/<slot>" holds a joiner's request,
+// "<lineage>.join/<slot>/answer" the answer it waits for.
+class GlooJoinDesk final : public JoinDesk {
+ public:
+  GlooJoinDesk(std::shared_ptr<GlooWorld> w, std::string lineage)
+      : world_(std::move(w)), lineage_(std::move(lineage)) {}
+  bool request(int64_t slot, std::string* text) override {
+    std::vector<char> v;
+    if (!world_->rv.store->try_get(key(slot), &v, Deadline::after_ms(kStoreMs))) return false;
+    text->assign(v.begin(), v.end());
+    return true;
+  }
+  void answer(int64_t slot, const std::string& text) override {
+    std::vector<char> held;  // the first answer stands (a refusal told by several ranks alike)
+    world_->rv.store->claim(key(slot) + "/answer", std::vector<char>(text.begin(), text.end()), &held,
+                            Deadline::after_ms(kStoreMs));
+  }
+  std::string key(int64_t slot) const { return lineage_ + ".join/" + std::to_string(slot); }
+  // Files `request` in the first free slot; returns the slot.
+  int64_t file(const std::string& request, Deadline dl) {
+    std::vector<char> held;
+    int64_t slot = 0;
+    while (!world_->rv.store->claim(key(slot), std::vector<char>(request.begin(), request.end()), &held, dl)) ++slot;
+    return slot;
+  }
+  std::string wait_answer(int64_t slot, Deadline dl) {
+    const std::vector<char> v = world_->rv.store->get(
+        key(slot) + "/answer", dl, "a running elastic job over this rendezvous (no rank of it admitted this one)");
+    return std::string(v.begin(), v.end());
+  }
+
+ private:
+  static constexpr int64_t kStoreMs = 5000;
+  std::shared_ptr<GlooWorld> world_;
+  std::string lineage_;
+};
+
 class GlooComm final : public Comm {
  public:
   // Rank `rank` of `size`: the world's own numbers, or those of an elastic recovery's survivors.
-  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl, int rank, int size)
+  // `lineage`: the key of the communicator this one descends from (its own when empty), under which
+  // replacements ask to join.
+  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl, int rank, int size, std::string lineage = "")
       : world_(std::move(w)),
         key_(std::move(key)),
+        lineage_(lineage.empty() ? key_ : std::move(lineage)),
         ctx_(connect_context(*world_, key_, dl, rank, size)),
         ring_(std::make_shared<host::RingBuffer>()),
         link_(std::make_shared<GlooRingLink>(*ctx_)) {
@@ -273,7 +313,7 @@ class GlooComm final : public Comm {
   Memory memory() const override { return Memory::Host; }
   std::unique_ptr<Comm> dup() override {
     return std::unique_ptr<Comm>(
-        new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(), size()));
+        new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(), size(), lineage_));
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
@@ -411,6 +451,9 @@ class GlooComm final : public Comm {
   }
   Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
                     Deadline window, Deadline dl) override;
+  std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_); }
+  std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
+                              Deadline dl) override;
 
  private:
   static double sum_factor(Reduction red) {
@@ -481,6 +524,7 @@ class GlooComm final : public Comm {
 
   std::shared_ptr<GlooWorld> world_;
   std::string key_;
+  std::string lineage_;
   std::shared_ptr<gloo::Context> ctx_;
   std::shared_ptr<host::RingBuffer> ring_;
   std::shared_ptr<GlooRingLink> link_;
@@ -547,9 +591,83 @@ Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
          "rank %d was left out of membership %s (the others agreed on ranks %s without it: it checked in too "
          "late); this process cannot rejoin the job",
          rank(), epoch.c_str(), view.c_str());
-  g.comm.reset(new GlooComm(world_, base + ".c", dl, me, static_cast<int>(g.members.size())));
+  g.comm.reset(new GlooComm(world_, base + ".c", dl, me, static_cast<int>(g.members.size()), lineage_));
   return g;
 }
+
+// Rank 0 tells each joiner where the new membership meets (its number and the new world) before
+// every rank meets there.
+std::unique_ptr<Comm> GlooComm::admit(const std::string& name, const std::vector<int64_t>& slots,
+                                      const std::string& note, Deadline dl) {
+  const std::string key = key_ + ".j" + name;
+  const int world = size() + static_cast<int>(slots.size());
+  if (rank() == 0) {
+    GlooJoinDesk desk(world_, lineage_);
+    for (size_t i = 0; i < slots.size(); ++i)
+      desk.answer(slots[i], "A" + key + " " + std::to_string(size() + static_cast<int>(i)) + " " +
+                                std::to_string(world) + " " + note);
+  }
+  return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank(), world, lineage_));
+}
+
+// A joiner's communicator: the store of a running job and nothing else until the job admits it.
+class GlooJoiningComm final : public Comm {
+ public:
+  GlooJoiningComm(std::shared_ptr<GlooWorld> w, std::string lineage)
+      : world_(std::move(w)), lineage_(std::move(lineage)) {}
+  int rank() const override { return -1; }
+  int size() const override { return 0; }
+  Memory memory() const override { return Memory::Host; }
+  std::unique_ptr<Comm> dup() override { return std::unique_ptr<Comm>(new GlooJoiningComm(world_, lineage_)); }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
+  bool supports_wire(Dtype d) const override { return !is_16bit(d); }
+  bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
+  void allreduce(const void*, void*, size_t, Dtype, Reduction, Stream&, Deadline) override { not_admitted(); }
+  void broadcast(void*, size_t, int, void*, Deadline) override { not_admitted(); }
+  void allgather_host(const void*, void*, size_t, Deadline) override { not_admitted(); }
+  void broadcast_host(void*, size_t, int, Deadline) override { not_admitted(); }
+  bool can_regroup() const override { return true; }
+  bool joining() const override { return true; }
+  // Waits for the admission within this communicator's own bound (ddp_comm_join_gloo's timeout_ms),
+  // which the request carries so that the job passes over a joiner that stopped waiting.
+  std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) override {
+    const int64_t bound = world_->init_timeout_ms;
+    dl = Deadline::earlier(dl, Deadline::after_ms(bound));
+    const int64_t now_ms = std::chrono::duration_cast<Ms>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const int64_t give_up = bound > 0 && bound < INT64_MAX / 4 ? now_ms + bound : 0;
+    GlooJoinDesk desk(world_, lineage_);
+    const int64_t slot = desk.file(request + " " + std::to_string(give_up), dl);
+    std::string a;
+    try {
+      a = desk.wait_answer(slot, dl);
+    } catch (const Error& e) {
+      if (e.status() != DDP_ERR_TIMEOUT) throw;
+      fail(DDP_ERR_TIMEOUT,
+           "no running elastic job at %s admitted this process before the timeout (its request waits as '%s'): is "
+           "the job running with config.elastic over this rendezvous, and still training? (ranks are admitted "
+           "after a synced iteration)",
+           world_->rv.describe.c_str(), desk.key(slot).c_str());
+    }
+    if (a.empty() || (a[0] != 'A' && a[0] != 'R'))
+      fail(DDP_ERR_INTERNAL, "a malformed answer to a join: '%s'", a.c_str());
+    if (a[0] == 'R')
+      fail(DDP_ERR_MISMATCH, "the running job at %s refused this process: %s", world_->rv.describe.c_str(),
+           a.c_str() + 1);
+    char key[512] = "";
+    int rank = -1, world = 0, used = 0;
+    if (std::sscanf(a.c_str() + 1, "%511s %d %d %n", key, &rank, &world, &used) != 3 || rank < 0 || rank >= world)
+      fail(DDP_ERR_INTERNAL, "a malformed admission: '%s'", a.c_str());
+    *note = a.substr(1 + static_cast<size_t>(used));
+    return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank, world, lineage_));
+  }
+
+ private:
+  [[noreturn]] static void not_admitted() {
+    fail(DDP_ERR_INVALID_STATE, "a joiner's communicator has no ranks until the job admits it (ddp_recover)");
+  }
+  std::shared_ptr<GlooWorld> world_;
+  std::string lineage_;
+};
 
 namespace {
 
@@ -564,12 +682,15 @@ struct WorldSlot {
 std::mutex g_worlds_mu;
 std::map<std::string, std::shared_ptr<WorldSlot>> g_worlds;
 
-std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl) {
+// `joining`: a process that joins a running elastic job (its own world of joining communicators).
+std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int size, int64_t timeout_ms, Deadline dl,
+                                      bool joining = false) {
   // The same world whether its method or rank is named or left to the defaults and the environment.
   auto env = [](const char* k) { return knobs::text(k); };
   const std::string name = (init_method && *init_method ? init_method : "env://") + std::string("|") +
-                           (rank >= 0 ? std::to_string(rank) : env("RANK")) + "|" +
-                           (size >= 0 ? std::to_string(size) : env("WORLD_SIZE"));
+                           (joining ? std::string("joining")
+                                    : (rank >= 0 ? std::to_string(rank) : env("RANK")) + "|" +
+                                          (size >= 0 ? std::to_string(size) : env("WORLD_SIZE")));
   std::shared_ptr<WorldSlot> slot;
   {
     std::lock_guard<std::mutex> lock(g_worlds_mu);
@@ -580,8 +701,9 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
   std::lock_guard<std::mutex> lock(slot->mu);
   if (std::shared_ptr<GlooWorld> w = slot->world.lock()) return w;
   auto w = std::make_shared<GlooWorld>();
-  w->rv = open_rendezvous(init_method, rank, size, dl);
+  w->rv = joining ? open_joining_store(init_method, dl) : open_rendezvous(init_method, rank, size, dl);
   w->init_timeout_ms = timeout_ms;
+  w->settled = joining;  // a joiner made no arrival
   gloo::transport::tcp::attr attr;
   const std::string iface = knobs::text("GLOO_SOCKET_IFNAME");
   if (!iface.empty())
@@ -601,6 +723,13 @@ std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size
   std::shared_ptr<GlooWorld> w = open_world(init_method, rank, size, timeout_ms, dl);
   const int n = w->comms++;
   return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl, w->rv.rank, w->rv.size));
+}
+
+std::unique_ptr<Comm> make_gloo_join_comm(const char* init_method, int64_t timeout_ms) {
+  const Deadline dl = Deadline::after_ms(timeout_ms);
+  std::shared_ptr<GlooWorld> w = open_world(init_method, -1, 0, timeout_ms, dl, true);
+  const int n = w->comms++;
+  return std::unique_ptr<Comm>(new GlooJoiningComm(w, "c" + std::to_string(n)));
 }
 
 bool have_gloo() { return true; }

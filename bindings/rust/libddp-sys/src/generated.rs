@@ -23,7 +23,8 @@ pub const DDP_ERR_TIMEOUT: ddp_status_t = 9;
 pub const DDP_ERR_ABORTED: ddp_status_t = 10;
 pub const DDP_ERR_INTERNAL: ddp_status_t = 11;
 pub const DDP_ERR_RANK_LOST: ddp_status_t = 12;
-pub const DDP_STATUS_COUNT: ddp_status_t = 13;
+pub const DDP_ERR_RANK_JOINING: ddp_status_t = 13;
+pub const DDP_STATUS_COUNT: ddp_status_t = 14;
 
 // enum ddp_dtype_t
 pub type ddp_dtype_t = c_int;
@@ -242,6 +243,7 @@ extern "C" {
                               comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_init_gloo_timeout(init_method: *const c_char, rank: c_int, size: c_int, timeout_ms: i64,
                                       comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_join_gloo(init_method: *const c_char, timeout_ms: i64, comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_init_self(comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_local_group_create(nranks: c_int, group: *mut ddp_local_group_t) -> ddp_status_t;
     pub fn ddp_comm_init_local(group: ddp_local_group_t, rank: c_int, comm: *mut ddp_comm_t) -> ddp_status_t;

@@ -1,0 +1,49 @@
+// Elastic joins: a process started after the job (a replacement for a lost rank, or one more rank)
+// asks through the job's store to be admitted; the ranks of the job notice it on a thread of their own
+// (no store traffic in the iteration), learn it together through the exchange that ends each synced
+// iteration, and admit it at the next step boundary (ddp_recover). This file holds what a request says,
+// whether the job can take it, and the watch over the requests.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/agreement.hpp"
+#include "core/backend.hpp"
+
+namespace ddp {
+
+// A joiner's request (the joining communicator appends how long it waits).
+std::string join_request(const JoinTerms& mine);
+
+// "" when the joiner of `request` may be admitted into a job of these terms; else why not, in words
+// that the joiner shows as the job's refusal. *expired: the joiner has stopped waiting (not refused).
+std::string refuse_join(const std::string& request, const JoinTerms& job, bool* expired);
+
+// The watch: a thread that reads the job's requests from slot `from` on every 100 ms, refuses those
+// the job cannot take (answered at once, so the joiner need not wait for its timeout), and counts the
+// others.
+class JoinWatch {
+ public:
+  JoinWatch(std::shared_ptr<JoinDesk> desk, int64_t from, const JoinTerms& job);
+  ~JoinWatch();
+  // One past the last slot that holds a request the job can take (`from` when none does).
+  int64_t upto() const { return upto_.load(std::memory_order_relaxed); }
+
+ private:
+  void run();
+  std::shared_ptr<JoinDesk> desk_;
+  JoinTerms job_;
+  int64_t next_;
+  std::atomic<int64_t> upto_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddp
