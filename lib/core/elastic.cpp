@@ -147,7 +147,9 @@ Regrouped Context::agree_members(Deadline window, Deadline dl) {
   try {
     // A failed attempt (a survivor died during it) is retried under a name of its own.
     const std::string name = std::to_string(epoch_ + 1) + "." + std::to_string(attempts_++);
-    return ctrl_->regroup(name, static_cast<int64_t>(iterations_), answering, window, dl);
+    // (after an admission that failed half way, the new membership's communicator is all there is)
+    Comm& at = ctrl_ ? *ctrl_ : *base_;
+    return at.regroup(name, static_cast<int64_t>(iterations_), answering, window, dl);
   } catch (const Error& e) {
     if (e.status() == DDP_ERR_RANK_LOST) abort(e);  // left out: this process is no longer in the job
     throw;
@@ -227,7 +229,9 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
       if (!desk->request(slot, &text)) continue;
       const std::string why = refuse_join(text, terms, &expired);
       if (!why.empty()) desk->answer(slot, "R" + why);
-      if (why.empty() && !expired) wire[static_cast<size_t>(++wire[0])] = slot;
+      // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain)
+      const bool gone = expired || (join_watch_ && !join_watch_->alive(slot));
+      if (why.empty() && !gone) wire[static_cast<size_t>(++wire[0])] = slot;
     }
   }
   std::vector<int64_t> slots;
@@ -239,9 +243,11 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
   admitted_upto_ = pending_upto_ = upto;
   if (slots.empty()) return settle_membership(rank_, world_, {}, {}, out, members, capacity);
   try {
-    const CreationScope bounded(dl);
+    // A joiner is waiting when it is admitted: ten seconds are plenty for it to arrive.
+    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(10000));
+    const CreationScope bounded(arrive);
     comm = ctrl_->admit(std::to_string(epoch_ + 1) + "." + std::to_string(attempts_++), slots,
-                        std::to_string(epoch_ + 1), dl);
+                        std::to_string(epoch_ + 1), arrive);
   } catch (const Error& e) {
     ok = 0;
     log(DDP_LOG_WARN, "libddp: rank %d: the admission of %zu joiner(s) failed here: %s", rank_, slots.size(), e.what());
@@ -254,12 +260,16 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
         "libddp: the joiners did not complete their admission (a joiner died or left): membership unchanged");
     return settle_membership(rank_, world_, {}, {}, out, members, capacity);
   }
-  rebuild(std::move(comm), dl);
+  // A joiner lost from here on is a loss of the new membership (DDP_ERR_RANK_LOST; ddp_recover again).
+  std::vector<int64_t> committed;
+  fatal_on_error([&] {
+    rebuild(std::move(comm), dl);
+    committed.assign(static_cast<size_t>(world_), 0);
+    const int64_t mine = static_cast<int64_t>(iterations_);
+    ctrl_->allgather_host(&mine, committed.data(), sizeof mine, dl);
+  });
   std::vector<int> list(static_cast<size_t>(world_), -1);
   for (int r = 0; r < old_world; ++r) list[static_cast<size_t>(r)] = r;
-  std::vector<int64_t> committed(static_cast<size_t>(world_), 0);
-  const int64_t mine = static_cast<int64_t>(iterations_);
-  fatal_on_error([&] { ctrl_->allgather_host(&mine, committed.data(), sizeof mine, dl); });
   settle_membership(old_rank, old_world, list, committed, out, members, capacity);
 }
 

@@ -11,10 +11,9 @@ namespace ddp {
 static void check_no_joiners(int64_t pending, int64_t admitted) {
   if (pending > admitted)
     fail(DDP_ERR_RANK_JOINING,
-         "%lld rank(s) asked to join the job and wait at this step boundary (nothing of this call was done): call "
+         "a process asked to join the job and waits at this step boundary (nothing of this call was done): call "
          "ddp_recover, take the state of membership.source (parameters, optimizer state, step count: the joiners "
-         "receive it), then make this call again",
-         static_cast<long long>(pending - admitted));
+         "receive it), then make this call again");
 }
 
 void Context::begin_backward(void* stream) {

@@ -42,9 +42,9 @@ std::string refuse_join(const std::string& request, const JoinTerms& job, bool* 
   if (t.hook != job.hook)
     return format("%s %s a comm hook and the job %s: set one before ddp_recover if the job has one", who.c_str(),
                   t.hook ? "set" : "did not set", job.hook ? "has one" : "has none");
-  const long long now_ms = static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      std::chrono::system_clock::now().time_since_epoch())
-                                                      .count());
+  const long long now_ms = static_cast<long long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
   // Its own bound, read on this host's clock with a second to spare for the admission itself.
   *expired = give_up > 0 && give_up < now_ms + 1000;
   return "";
@@ -62,6 +62,27 @@ JoinWatch::~JoinWatch() {
   thread_.join();
 }
 
+bool JoinWatch::alive(int64_t slot) {
+  std::lock_guard<std::mutex> lock(beats_mu_);
+  auto it = beats_.find(slot);
+  return it == beats_.end() || now_ns() - it->second.changed_ns < kDeadMs * 1000000ull;
+}
+
+void JoinWatch::read_beats() {
+  std::vector<int64_t> slots;
+  {
+    std::lock_guard<std::mutex> lock(beats_mu_);
+    for (const auto& b : beats_) slots.push_back(b.first);
+  }
+  for (int64_t slot : slots) {
+    std::string v;
+    if (!desk_->beat(slot, &v)) continue;
+    std::lock_guard<std::mutex> lock(beats_mu_);
+    Beat& b = beats_[slot];
+    if (v != b.value) b.value = v, b.changed_ns = now_ns();
+  }
+}
+
 void JoinWatch::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -71,12 +92,16 @@ void JoinWatch::run() {
       while (desk_->request(next_, &text)) {
         bool expired = false;
         const std::string why = refuse_join(text, job_, &expired);
-        if (!why.empty())
+        if (!why.empty()) {
           desk_->answer(next_, "R" + why);
-        else if (!expired)
+        } else if (!expired) {
+          std::lock_guard<std::mutex> beats(beats_mu_);
+          beats_[next_] = Beat{"", now_ns()};
           upto_.store(next_ + 1, std::memory_order_relaxed);
+        }
         ++next_;
       }
+      read_beats();
     } catch (const Error&) {  // the store is out of reach now: try again at the next look
     }
     lock.lock();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,9 +34,20 @@ class JoinWatch {
   ~JoinWatch();
   // One past the last slot that holds a request the job can take (`from` when none does).
   int64_t upto() const { return upto_.load(std::memory_order_relaxed); }
+  // Whether the joiner of `slot` still waits: false once its heartbeat stood still for kDeadMs (it
+  // died or gave up), so that the job does not wait for it to arrive; true for a slot not watched yet.
+  bool alive(int64_t slot);
+  static constexpr uint64_t kDeadMs = 1500;
 
  private:
   void run();
+  void read_beats();
+  struct Beat {
+    std::string value;
+    uint64_t changed_ns;
+  };
+  std::mutex beats_mu_;
+  std::map<int64_t, Beat> beats_;  // of the requests the job can take
   std::shared_ptr<JoinDesk> desk_;
   JoinTerms job_;
   int64_t next_;

@@ -49,15 +49,32 @@ class TcpStoreServer {
     }
     t_.cv.notify_all();
     acceptor_.join();
-    for (std::thread& t : clients_) t.join();
+    for (Client& c : clients_) c.thread.join();
   }
   int port() const { return tcp::bound_port(listener_); }
 
  private:
+  // Also joins the threads of connections that ended (ranks that left, clients that reconnected), so
+  // that a long job does not keep one thread per connection it ever had.
   void accept_loop() {
     while (!stopped()) {
       tcp::Socket c = tcp::accept_within(listener_, 50);
-      if (c.valid()) clients_.emplace_back([this, s = std::make_shared<tcp::Socket>(std::move(c))] { serve(*s); });
+      if (c.valid()) {
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        clients_.push_back(Client{std::thread([this, done, s = std::make_shared<tcp::Socket>(std::move(c))] {
+                                    serve(*s);
+                                    done->store(true);
+                                  }),
+                                  done});
+      }
+      for (auto it = clients_.begin(); it != clients_.end();) {
+        if (!it->done->load()) {
+          ++it;
+          continue;
+        }
+        it->thread.join();
+        it = clients_.erase(it);
+      }
     }
   }
   bool stopped() {
@@ -99,7 +116,7 @@ class TcpStoreServer {
     }
     std::vector<char> v;
     if (op == kGet) {
-      if (!wait_key(key, &v)) return false;
+      if (!wait_key(s, key, &v)) return false;
     } else if (op == kTry) {
       char found = 0;
       {
@@ -129,9 +146,16 @@ class TcpStoreServer {
     tcp::recv_all(s, &v[0], v.size(), Deadline::after_ms(60000), "store");
     return v;
   }
-  bool wait_key(const std::string& key, std::vector<char>* out) {
+  // False when the server stops or the client goes away while it waits (it gave up: its deadline
+  // passed, or it died), so that no thread waits for a key nobody will read.
+  bool wait_key(const tcp::Socket& s, const std::string& key, std::vector<char>* out) {
     std::unique_lock<std::mutex> lock(t_.mu);
-    t_.cv.wait(lock, [&] { return t_.stop || t_.kv.count(key); });
+    while (!t_.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return t_.stop || t_.kv.count(key); })) {
+      lock.unlock();
+      const bool gone = tcp::hung_up(s);
+      lock.lock();
+      if (gone) return false;
+    }
     if (!t_.kv.count(key)) return false;  // stopped (a key set just before the stop is still answered)
     *out = t_.kv[key];
     return true;
@@ -140,20 +164,28 @@ class TcpStoreServer {
   tcp::Socket listener_;
   Table t_;
   std::thread acceptor_;
-  std::list<std::thread> clients_;  // touched by the acceptor only, joined after it
+  struct Client {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::list<Client> clients_;  // touched by the acceptor only, joined after it
 };
 
 class TcpStore final : public Store {
  public:
-  TcpStore(std::unique_ptr<TcpStoreServer> server, tcp::Socket s, std::string where)
-      : server_(std::move(server)), s_(std::move(s)), where_(std::move(where)) {}
+  TcpStore(std::unique_ptr<TcpStoreServer> server, tcp::Socket s, std::string host, int port)
+      : server_(std::move(server)),
+        s_(std::move(s)),
+        host_(std::move(host)),
+        port_(port),
+        where_(host_ + ":" + std::to_string(port)) {}
   ~TcpStore() override {
     s_.close();
     server_.reset();
   }
   void set(const std::string& key, const std::vector<char>& value, Deadline dl) override {
     std::lock_guard<std::mutex> lock(mu_);
-    usable();
+    usable(dl);
     guarded([&] {
       send_head(kSet, key, dl);
       send_value(key, value, dl);
@@ -163,7 +195,7 @@ class TcpStore final : public Store {
   }
   bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline dl) override {
     std::lock_guard<std::mutex> lock(mu_);
-    usable();
+    usable(dl);
     char won = 0;
     guarded([&] {
       send_head(kClaim, key, dl);
@@ -175,7 +207,7 @@ class TcpStore final : public Store {
   }
   bool try_get(const std::string& key, std::vector<char>* out, Deadline dl) override {
     std::lock_guard<std::mutex> lock(mu_);
-    usable();
+    usable(dl);
     char found = 0;
     guarded([&] {
       send_head(kTry, key, dl);
@@ -186,7 +218,7 @@ class TcpStore final : public Store {
   }
   std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) override {
     std::lock_guard<std::mutex> lock(mu_);
-    usable();
+    usable(dl);
     std::vector<char> v;
     guarded([&] {
       send_head(kGet, key, dl);
@@ -208,8 +240,18 @@ class TcpStore final : public Store {
   std::string what(const std::string& key) const {
     return "the rendezvous store at " + where_ + " (key '" + key + "')";
   }
-  void usable() const {
-    if (broken_) fail(DDP_ERR_ABORTED, "the rendezvous store at %s failed earlier", where_.c_str());
+  // A request cut short left the connection out of step: a new one replaces it (the server ends the
+  // old one's thread), or the store is out of reach.
+  void usable(Deadline dl) {
+    if (!broken_) return;
+    try {
+      s_ = tcp::connect_to(host_, port_, Deadline::earlier(dl, Deadline::after_ms(5000)),
+                           "the rendezvous store at " + where_ + " (connecting again)");
+      broken_ = false;
+    } catch (const Error& e) {
+      fail(DDP_ERR_ABORTED, "the rendezvous store at %s failed earlier, and cannot be reached again: %s",
+           where_.c_str(), e.what());
+    }
   }
   // A request cut short leaves the connection out of step: it is not used again.
   template <class F>
@@ -242,6 +284,8 @@ class TcpStore final : public Store {
 
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   tcp::Socket s_;
+  std::string host_;
+  int port_;
   std::string where_;
   std::mutex mu_;
   bool broken_ = false;
@@ -328,7 +372,7 @@ std::shared_ptr<Store> open_tcp(const std::string& host, int port, int rank, Dea
       host, port, dl,
       (rank >= 0 ? "rank " + std::to_string(rank) : "a joining rank") + ": the rendezvous store at " + where);
   *local = tcp::local_address(s);
-  return std::make_shared<TcpStore>(std::move(server), std::move(s), where);
+  return std::make_shared<TcpStore>(std::move(server), std::move(s), host, port);
 }
 
 void split_host_port(const std::string& hp, std::string* host, int* port) {

@@ -110,6 +110,11 @@ bool readable_within(const Socket& s, int wait_ms) {
   return ::poll(&p, 1, wait_ms) != 0;
 }
 
+bool hung_up(const Socket& s) {
+  pollfd p{s.fd(), POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
 Socket try_connect(const std::string& host, int port, Deadline dl) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;

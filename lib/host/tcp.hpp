@@ -39,6 +39,8 @@ Socket accept_within(const Socket& listener, int wait_ms);
 
 // Whether `s` has bytes (or an end of file) to read within `wait_ms`.
 bool readable_within(const Socket& s, int wait_ms);
+// Whether a peer that should be silent (it waits for an answer) sent or closed something: it left.
+bool hung_up(const Socket& s);
 
 // Connects to host:port, trying again until the deadline while nobody listens there yet (the
 // listening rank may start later). Throws DDP_ERR_TIMEOUT at the deadline, naming `what`.

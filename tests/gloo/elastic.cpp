@@ -63,6 +63,7 @@ struct Scenario {
   bool in_recovery = false;
   int64_t timeout_ms = kTimeoutMs;
   bool replace = false;   // a new process (identity np) joins after the death
+  bool ghost = false;     // and before it, one (identity np + 1) asks to join and dies on its way in
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
   bool external = false;  // tcp:// served by tools/ddp_store (any rank may die)
   std::vector<size_t> sizes;
@@ -102,23 +103,19 @@ float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 +
   } while (0)
 
 // Every rank's identity, in rank order, learned after a membership change.
-std::vector<int> learn_ids(ddp_t ddp, int id, const ddp_membership_t& m) {
+ddp_status_t learn_ids(ddp_t ddp, int id, const ddp_membership_t& m, std::vector<int>* ids) {
   std::vector<int32_t> all(static_cast<size_t>(m.world), 0);
   all[static_cast<size_t>(m.rank)] = id + 1;
-  ddp_status_t st = ddp_allreduce_host(ddp, all.data(), all.size(), DDP_I32, DDP_OP_SUM);
-  if (st != DDP_SUCCESS) {
-    std::fprintf(stderr, "rank id %d: learning the ids: %s: %s\n", id, ddp_status_string(st), ddp_last_error());
-    _exit(3);
-  }
-  std::vector<int> ids;
-  for (int32_t x : all) ids.push_back(x - 1);
-  return ids;
+  const ddp_status_t st = ddp_allreduce_host(ddp, all.data(), all.size(), DDP_I32, DDP_OP_SUM);
+  ids->clear();
+  for (int32_t x : all) ids->push_back(x - 1);
+  return st;
 }
 
 // One rank's run; `id` is its rank at creation (its identity: the membership log names ids), or for
-// the joiner of a replacement scenario np.
+// the joiner of a replacement scenario np (np + 1: a joiner that dies on its way in).
 int worker(const Scenario& s, int id) {
-  const bool joiner = id == s.np;
+  const bool joiner = id >= s.np, ghost = id == s.np + 1;
   ddp_comm_t comm = nullptr;
   if (joiner)
     CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
@@ -167,19 +164,62 @@ int worker(const Scenario& s, int id) {
       counts.push_back(s.sizes[g]);
       types.push_back(DDP_F32);
     }
-    CHECK_OK(ddp_broadcast(ddp, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr));
+    return ddp_broadcast(ddp, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr);
   };
-  if (joiner) {  // admitted at the job's next step boundary; its state from the source
+  // A membership change: ddp_recover, every rank's identity, the state of the source. A rank lost on
+  // the way (a joiner that died as it was admitted) is one more change: round again.
+  auto change = [&](bool first_of_joiner) {
+    const std::vector<int> before = ids;  // the ranks of the steps this rank may have missed
     ddp_membership_t m;
-    CHECK_OK(ddp_recover(ddp, &m, nullptr, 0));
-    if (m.old_rank != -1 || m.behind != 1) {
-      std::fprintf(stderr, "rank id %d: a joiner's membership says old_rank %d, behind %d\n", id, m.old_rank, m.behind);
-      _exit(5);
+    for (int round = 0;; ++round) {
+      std::vector<int> members(static_cast<size_t>(s.np) + 2, -1);
+      if (id == s.victim2 && s.in_recovery && round == 0) die_now(s, false);
+      ddp_status_t st = ddp_recover(ddp, &m, members.data(), members.size());
+      // A survivor that died after checking in leaves the others waiting for its connection: they
+      // get DDP_ERR_TIMEOUT and try again, under a new name, without it.
+      for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries)
+        st = ddp_recover(ddp, &m, members.data(), members.size());
+      if (victim && s.point == Stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
+        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
+        ddp_comm_destroy(comm);
+        _exit(7);
+      }
+      CHECK_OK(st);
+      if (first_of_joiner && round == 0 && (m.old_rank != -1 || m.behind != 1)) {
+        std::fprintf(stderr, "rank id %d: a joiner's membership says old_rank %d, behind %d\n", id, m.old_rank,
+                     m.behind);
+        _exit(5);
+      }
+      const std::vector<int> old_ids = ids;
+      st = learn_ids(ddp, id, m, &ids);
+      for (int i = 0; st == DDP_SUCCESS && round == 0 && !first_of_joiner && i < m.world; ++i) {
+        const int was = members[static_cast<size_t>(i)];  // each new rank's old number (-1: a joiner)
+        if (was >= 0 && ids[static_cast<size_t>(i)] != old_ids[static_cast<size_t>(was)]) {
+          std::fprintf(stderr, "rank id %d: members[%d] = %d names the wrong rank\n", id, i, was);
+          _exit(5);
+        }
+      }
+      if (st == DDP_SUCCESS) st = take_state(m);
+      if (st == DDP_ERR_RANK_LOST) continue;
+      CHECK_OK(st);
+      break;
     }
-    ids = learn_ids(ddp, id, m);
-    take_state(m);
-    step = m.committed;
+    if (first_of_joiner) step = m.committed;
+    for (; step < m.committed; ++step) {  // steps the old world committed without this rank
+      log << "step " << step << ":";
+      for (int x : before) log << " " << x;
+      log << "\n";
+    }
+  };
+  if (ghost) {  // asks to join, then dies before (or as) it is admitted
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      raise(SIGKILL);
+    }).detach();
+    ddp_recover(ddp, nullptr, nullptr, 0);
+    for (;;) pause();
   }
+  if (joiner) change(true);  // admitted at the job's next step boundary; its state from the source
   find_grads();
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
   // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
@@ -227,35 +267,7 @@ int worker(const Scenario& s, int id) {
       _exit(4);
     }
     // Recover, then take the state of the rank that committed the most.
-    ddp_membership_t m;
-    std::vector<int> members(static_cast<size_t>(s.np) + 1, -1);
-    if (id == s.victim2 && s.in_recovery) die_now(s, false);
-    st = ddp_recover(ddp, &m, members.data(), members.size());
-    // A survivor that died after checking in leaves the others waiting for its connection: they
-    // get DDP_ERR_TIMEOUT and try again, under a new name, without it.
-    for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries)
-      st = ddp_recover(ddp, &m, members.data(), members.size());
-    if (victim && s.point == Stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
-      ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
-      ddp_comm_destroy(comm);
-      _exit(7);
-    }
-    CHECK_OK(st);
-    const std::vector<int> old_ids = ids;
-    ids = learn_ids(ddp, id, m);
-    for (int i = 0; i < m.world && i < static_cast<int>(members.size()); ++i) {
-      const int was = members[static_cast<size_t>(i)];  // each new rank's old number (-1: a joiner)
-      if (was >= 0 && ids[static_cast<size_t>(i)] != old_ids[static_cast<size_t>(was)]) {
-        std::fprintf(stderr, "rank id %d: members[%d] = %d names the wrong rank\n", id, i, was);
-        _exit(5);
-      }
-    }
-    take_state(m);
-    for (; step < m.committed; ++step) {  // steps the old world committed without this rank
-      log << "step " << step << ":";
-      for (int x : old_ids) log << " " << x;
-      log << "\n";
-    }
+    change(false);
     find_grads();
     recovered = true;
   }
@@ -305,7 +317,8 @@ pid_t start_store(const char* bin, int* port) {
 
 // Runs one scenario; returns "" when it passed, else why not.
 std::string run(Scenario s, double* recovery_ms) {
-  std::vector<pid_t> pids;
+  const int procs = s.np + (s.replace ? 1 : 0) + (s.ghost ? 1 : 0);
+  std::vector<pid_t> pids(static_cast<size_t>(procs), 0);  // by identity
   pid_t store = -1;
   if (s.external) {
     int port = 0;
@@ -319,7 +332,7 @@ std::string run(Scenario s, double* recovery_ms) {
       if (pid > 0) kill(pid, SIGTERM), waitpid(pid, nullptr, 0);
     }
   } stop_store{store};
-  auto start = [&](int r) {  // rank r, or the joiner (r == np)
+  auto start = [&](int r) {  // rank r, or the joiner (r == np), or the ghost (np + 1)
     const pid_t p = fork();
     if (p == 0) {
       if (s.external) setenv("DDP_STORE_EXTERNAL", "1", 1);
@@ -329,15 +342,19 @@ std::string run(Scenario s, double* recovery_ms) {
       }
       _exit(worker(s, r));
     }
-    pids.push_back(p);
+    pids[static_cast<size_t>(r)] = p;
   };
   for (int r = 0; r < s.np; ++r) start(r);
-  const int procs = s.np + (s.replace ? 1 : 0);
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  auto joiner_at = std::chrono::steady_clock::time_point::max();
   std::vector<int> status(static_cast<size_t>(procs), -1);
   int left = procs;
   while (left > 0 && std::chrono::steady_clock::now() < limit) {
     int st = 0;
+    if (std::chrono::steady_clock::now() >= joiner_at) {
+      start(s.np);  // the replacement: once the victim is gone (a second after the ghost)
+      joiner_at = std::chrono::steady_clock::time_point::max();
+    }
     const pid_t p = waitpid(-1, &st, WNOHANG);
     if (p <= 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -345,14 +362,16 @@ std::string run(Scenario s, double* recovery_ms) {
     }
     for (size_t r = 0; r < pids.size(); ++r)
       if (pids[r] == p) status[r] = st, --left;
-    if (s.replace && pids.size() == static_cast<size_t>(s.np) && p == pids[static_cast<size_t>(s.victim)])
-      start(s.np);  // the replacement, once the victim is gone
+    if (s.replace && p == pids[static_cast<size_t>(s.victim)]) {
+      if (s.ghost) start(s.np + 1);
+      joiner_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.ghost ? 1000 : 0);
+    }
   }
   std::string why;
   if (left > 0) {
     why = "hang: " + std::to_string(left) + " processes still running after 90 s";
     for (size_t r = 0; r < pids.size(); ++r)
-      if (status[r] == -1) {
+      if (status[r] == -1 && pids[r] > 0) {
         kill(pids[r], SIGKILL);
         waitpid(pids[r], nullptr, 0);
       }
@@ -366,8 +385,8 @@ std::string run(Scenario s, double* recovery_ms) {
             "the stalled rank was not told it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim || r == s.victim2) {
-      if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "a victim was not killed; ";
+    if (r == s.victim || r == s.victim2 || r == s.np + 1) {
+      if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "a victim (or the ghost) was not killed; ";
       continue;
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
@@ -381,7 +400,7 @@ std::string run(Scenario s, double* recovery_ms) {
   std::string ref_log, ref_params;
   uint64_t latest_first = 0;
   for (int r = 0; r < procs; ++r) {
-    if (r == s.victim || r == s.victim2) continue;
+    if (r == s.victim || r == s.victim2 || r == s.np + 1) continue;
     const std::string out = read_file(s.dir + "/out." + std::to_string(r));
     const size_t a = out.find("first_commit_after "), b = out.find("params");
     if (a == std::string::npos || b == std::string::npos) return "rank id " + std::to_string(r) + " wrote no result";
@@ -482,6 +501,7 @@ int main(int argc, char** argv) {
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
     if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
     s.replace = s.point != Stalls && rng() % 3 == 0;
+    s.ghost = s.replace && rng() % 3 == 0;
     if (s.np == 4 && s.point != Stalls && !s.replace && rng() % 3 == 0) {
       s.victim2 = (s.victim + 1 + static_cast<int>(rng() % 3)) % 4;
       s.in_recovery = rng() % 2 == 0;
@@ -518,7 +538,9 @@ int main(int argc, char** argv) {
                   : s.tcp    ? "tcp"
                              : "file",
                   s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point), second,
-                  s.replace ? ", a replacement joins" : "");
+                  s.ghost     ? ", a joiner dies on its way in, a replacement joins"
+                  : s.replace ? ", a replacement joins"
+                              : "");
     if (why.empty()) {
       ++pass;
       if (ms >= 0) rec.push_back(ms);

@@ -496,3 +496,153 @@ TEST_CASE("gloo: Gloo's failed checks are not reported as timeouts") {
   CHECK(msg.find("rank 1 of 3: Gloo all-gather failed: odd") != std::string::npos);
 #endif
 }
+
+// Elastic joins inside one process: two ranks (threads) train over file://; a joiner whose grads
+// differ is refused with the job's reason and may ask again; once it registers the job's grads it
+// is admitted at a step boundary, takes the state of membership.source and reduces with the others.
+TEST_CASE("elastic joins: a joiner is refused by reason, asks again, is admitted and reduces with the job") {
+  if (!have_gloo()) return;
+  char tmpl[] = "/tmp/ddp-join-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string method = "file://" + dir;
+  ddp_config_t cfg;
+  ddp_config_init(&cfg);
+  cfg.elastic = 1;
+  cfg.timeout_ms = 20000;
+  const size_t na = 3000, nb = 7;
+  std::atomic<bool> joined{false};
+  std::vector<std::string> errors;
+  std::mutex mu;
+  auto complain = [&](const std::string& who) {
+    std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(who + ": " + ddp_last_error());
+  };
+  // The job: rank r's grads hold r + 1 (the joiner's 10); the mean is checked each step.
+  auto rank_run = [&](int r) {
+    ddp_comm_t c = nullptr;
+    if (ddp_comm_init_gloo_timeout(method.c_str(), r, 2, 20000, &c) != DDP_SUCCESS) return complain("init");
+    ddp_t d = nullptr;
+    std::vector<float> a(na), b(nb);
+    int ia = 0, ib = 0;
+    if (ddp_create(c, &cfg, &d) != DDP_SUCCESS || ddp_register_grad(d, a.data(), na, DDP_F32, 0, &ia) ||
+        ddp_register_grad(d, b.data(), nb, DDP_F32, 0, &ib))
+      return complain("create");
+    int world = 2, rank = r, steps_after = 0;
+    float state = 0;  // stands for the model: the joiner must receive it
+    for (int it = 0; it < 1500 && steps_after < 5; ++it) {
+      std::fill(a.begin(), a.end(), static_cast<float>(r + 1));
+      std::fill(b.begin(), b.end(), static_cast<float>(r + 1));
+      ddp_status_t st = ddp_begin_backward(d, nullptr);
+      if (st == DDP_ERR_RANK_JOINING) {
+        CHECK(std::string(ddp_last_error()).find("asked to join the job and waits at this step boundary") !=
+              std::string::npos);
+        ddp_membership_t m;
+        int members[3] = {9, 9, 9};
+        if (ddp_recover(d, &m, members, 3) != DDP_SUCCESS) return complain("recover");
+        CHECK(m.world == 3);
+        CHECK(m.rank == r);
+        CHECK(m.old_world == 2);
+        CHECK(m.source == 0);
+        CHECK(members[0] == 0);
+        CHECK(members[1] == 1);
+        CHECK(members[2] == -1);
+        void* buf = &state;
+        const size_t one = 1;
+        const ddp_dtype_t f32 = DDP_F32;
+        if (ddp_broadcast(d, &buf, &one, &f32, 1, m.source, nullptr) != DDP_SUCCESS) return complain("broadcast");
+        world = m.world, rank = m.rank;
+        continue;
+      }
+      if (st != DDP_SUCCESS || ddp_grad_ready(d, ib) || ddp_grad_ready(d, ia) || ddp_finish_backward(d, nullptr))
+        return complain("step");
+      state += 1;
+      const float want = world == 3 ? 13.0f / 3 : 1.5f;
+      CHECK(a[0] == want);
+      CHECK(b[nb - 1] == want);
+      if (world == 3) ++steps_after;
+      std::this_thread::sleep_for(std::chrono::milliseconds(world == 3 ? 0 : 10));
+    }
+    CHECK(world == 3);
+    CHECK(rank == r);
+    ddp_destroy(d);
+    ddp_comm_destroy(c);
+  };
+  auto joiner_run = [&] {
+    ddp_comm_t c = nullptr;
+    if (ddp_comm_join_gloo(method.c_str(), 20000, &c) != DDP_SUCCESS) return complain("join comm");
+    int rank = 0;
+    expect(ddp_comm_rank(c, &rank), DDP_ERR_INVALID_STATE, "has no rank until the job admits it");
+    ddp_config_t plain;
+    ddp_config_init(&plain);
+    ddp_t d = nullptr;
+    expect(ddp_create(c, &plain, &d), DDP_ERR_INVALID_ARGUMENT, "needs config.elastic");
+    if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return complain("create");
+    expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_INVALID_STATE, "register the grads before ddp_recover");
+    std::vector<float> a(na), b(nb);
+    int ia = 0, ib = 0;
+    if (ddp_register_grad(d, a.data(), na, DDP_F32, 0, &ia)) return complain("register");
+    expect(ddp_begin_backward(d, nullptr), DDP_ERR_RANK_JOINING, "call ddp_recover to be admitted");
+    expect(ddp_commit(d), DDP_ERR_RANK_JOINING, "joins a running job");
+    // One grad where the job has two: refused with the job's reason, and still a joiner.
+    expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_MISMATCH, "registered 1 grads, the job 2");
+    if (ddp_register_grad(d, b.data(), nb, DDP_F32, 0, &ib)) return complain("register again");
+    ddp_membership_t m;
+    if (ddp_recover(d, &m, nullptr, 0) != DDP_SUCCESS) return complain("admission");
+    CHECK(m.world == 3);
+    CHECK(m.rank == 2);
+    CHECK(m.old_rank == -1);
+    CHECK(m.old_world == 2);
+    CHECK(m.behind == 1);
+    CHECK(m.epoch == 1);
+    CHECK(m.committed > 0);
+    float state = -1;
+    void* buf = &state;
+    const size_t one = 1;
+    const ddp_dtype_t f32 = DDP_F32;
+    if (ddp_broadcast(d, &buf, &one, &f32, 1, m.source, nullptr) != DDP_SUCCESS) return complain("broadcast");
+    CHECK(state == static_cast<float>(m.committed));  // the job's state: one per committed step
+    joined = true;
+    for (int it = 0; it < 5; ++it) {
+      std::fill(a.begin(), a.end(), 10.0f);
+      std::fill(b.begin(), b.end(), 10.0f);
+      if (ddp_begin_backward(d, nullptr) || ddp_grad_ready(d, ia) || ddp_grad_ready(d, ib) ||
+          ddp_finish_backward(d, nullptr))
+        return complain("joiner step");
+      CHECK(a[0] == 13.0f / 3);
+    }
+    ddp_destroy(d);
+    ddp_comm_destroy(c);
+  };
+  std::thread r0(rank_run, 0), r1(rank_run, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread j(joiner_run);
+  r0.join();
+  r1.join();
+  j.join();
+  for (const std::string& e : errors) MESSAGE(e);
+  CHECK(errors.empty());
+  CHECK(joined.load());
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("elastic joins: a joiner that no job admits times out, saying what it waited for") {
+  if (!have_gloo()) return;
+  char tmpl[] = "/tmp/ddp-join-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  ddp_comm_t c = nullptr;
+  REQUIRE(ddp_comm_join_gloo(("file://" + dir).c_str(), 300, &c) == DDP_SUCCESS);
+  ddp_config_t cfg;
+  ddp_config_init(&cfg);
+  cfg.elastic = 1;
+  ddp_t d = nullptr;
+  REQUIRE(ddp_create(c, &cfg, &d) == DDP_SUCCESS);
+  std::vector<float> g(10);
+  int i = 0;
+  REQUIRE(ddp_register_grad(d, g.data(), g.size(), DDP_F32, 0, &i) == DDP_SUCCESS);
+  expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_TIMEOUT, "no running elastic job at file://");
+  expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_TIMEOUT, "admitted this process before the timeout");
+  ddp_destroy(d);
+  ddp_comm_destroy(c);
+  expect(ddp_comm_join_gloo(nullptr, 100, nullptr), DDP_ERR_INVALID_ARGUMENT, "comm");
+  std::system(("rm -rf " + dir).c_str());
+}

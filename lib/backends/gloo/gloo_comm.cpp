@@ -264,6 +264,12 @@ class GlooJoinDesk final : public JoinDesk {
     world_->rv.store->claim(key(slot) + "/answer", std::vector<char>(text.begin(), text.end()), &held,
                             Deadline::after_ms(kStoreMs));
   }
+  bool beat(int64_t slot, std::string* value) override {
+    std::vector<char> v;
+    if (!world_->rv.store->try_get(key(slot) + "/beat", &v, Deadline::after_ms(kStoreMs))) return false;
+    value->assign(v.begin(), v.end());
+    return true;
+  }
   std::string key(int64_t slot) const { return lineage_ + ".join/" + std::to_string(slot); }
   // Files `request` in the first free slot; returns the slot.
   int64_t file(const std::string& request, Deadline dl) {
@@ -272,10 +278,17 @@ class GlooJoinDesk final : public JoinDesk {
     while (!world_->rv.store->claim(key(slot), std::vector<char>(request.begin(), request.end()), &held, dl)) ++slot;
     return slot;
   }
+  // Waits for the answer, bumping the heartbeat that tells the job this joiner still waits.
   std::string wait_answer(int64_t slot, Deadline dl) {
-    const std::vector<char> v = world_->rv.store->get(
-        key(slot) + "/answer", dl, "a running elastic job over this rendezvous (no rank of it admitted this one)");
-    return std::string(v.begin(), v.end());
+    Store& st = *world_->rv.store;
+    std::vector<char> v;
+    for (uint64_t beat = 0;; ++beat) {
+      if (st.try_get(key(slot) + "/answer", &v, dl)) return std::string(v.begin(), v.end());
+      if (dl.passed()) fail(DDP_ERR_TIMEOUT, "no answer in slot %lld", static_cast<long long>(slot));
+      const std::string b = std::to_string(beat);
+      st.set(key(slot) + "/beat", std::vector<char>(b.begin(), b.end()), dl);
+      std::this_thread::sleep_for(Ms(100));
+    }
   }
 
  private:
