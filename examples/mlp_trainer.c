@@ -38,7 +38,10 @@
  *                  skip that step's update, call ddp_recover, take the state (parameters, optimizer
  *                  state) of the rank that committed the most steps and go on with fewer ranks. Start
  *                  it with tools/ddp_launch --elastic so that the store outlives any rank. --kill:
- *                  rank RANK (its number at the start) SIGKILLs itself before step STEP's backward
+ *                  rank RANK (its number at the start) SIGKILLs itself before step STEP's backward.
+ *                  A process started with DDP_JOIN=1 (tools/ddp_launch --max-restarts restarts a dead
+ *                  rank so) joins the running job: ddp_comm_join_gloo, then ddp_recover admits it at
+ *                  the job's next step boundary and it takes the job's state
  *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
  *                  or a 16-bit wire; compare the losses with --compression none
  *   --print-every  one loss line every K steps (default: about 8 lines in all, the first and the
@@ -92,7 +95,7 @@ static __thread jmp_buf* g_lost = NULL;
 
 static void check(ddp_status_t s, const char* what) {
   if (s == DDP_SUCCESS) return;
-  if (s == DDP_ERR_RANK_LOST && g_lost) longjmp(*g_lost, 1);
+  if ((s == DDP_ERR_RANK_LOST || s == DDP_ERR_RANK_JOINING) && g_lost) longjmp(*g_lost, 1);
   fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, what, ddp_status_string(s), ddp_last_error());
   exit(1);
 }
@@ -265,14 +268,24 @@ typedef struct trainer {
 #endif
 } trainer_t;
 
+/* Started into a running elastic job (tools/ddp_launch --max-restarts sets DDP_JOIN=1). */
+static int joining(void) {
+  const char* j = getenv("DDP_JOIN");
+  return j && strcmp(j, "1") == 0;
+}
+
 static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grads) {
   ddp_comm_t comm = NULL;
   *device_grads = 0;
   if (strcmp(kind, "mpi") == 0) {
     check(ddp_comm_init_mpi(NULL, &comm), "ddp_comm_init_mpi");
   } else if (strcmp(kind, "gloo") == 0) {
-    /* Rank and world size from RANK and WORLD_SIZE, as torchrun (or examples/run_local.sh) sets them. */
-    check(ddp_comm_init_gloo(init, -1, -1, &comm), "ddp_comm_init_gloo");
+    /* Rank and world size from RANK and WORLD_SIZE, as torchrun (or examples/run_local.sh) sets them;
+     * a process restarted into a running elastic job (DDP_JOIN=1) joins it instead. */
+    if (joining())
+      check(ddp_comm_join_gloo(init, 300000, &comm), "ddp_comm_join_gloo");
+    else
+      check(ddp_comm_init_gloo(init, -1, -1, &comm), "ddp_comm_init_gloo");
   } else if (strcmp(kind, "self") == 0) {
     check(ddp_comm_init_self(&comm), "ddp_comm_init_self");
   } else if (strcmp(kind, "local") == 0) {
@@ -509,15 +522,21 @@ static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
 }
 
 /* One rank's training over `comm` (which it consumes); returns the process's exit status. */
-/* --elastic, after a call said DDP_ERR_RANK_LOST (that step's update was skipped): the new membership,
- * then on every rank the parameters and optimizer state of the rank that committed the most steps
- * (a step may have completed on some ranks before it failed on others). Returns the step to go on
- * from. A second loss while this runs comes back here through check(). */
-static int recover(trainer_t* t, model_t* m, float** s1, float** s2, const options_t* o) {
+/* --elastic, after a call said DDP_ERR_RANK_LOST (that step's update was skipped) or
+ * DDP_ERR_RANK_JOINING (a process waits to join), and on a joiner before its first step: the new
+ * membership, then on every rank the parameters and optimizer state of the rank that committed the
+ * most steps (a step may have completed on some ranks before it failed on others; a joiner has
+ * none). Returns the step to go on from. A loss while this runs comes back here through check(). */
+static int recover(trainer_t* t, model_t* m, float** s1, float** s2, const options_t* o, int max_world) {
   ddp_membership_t mb;
   const ddp_status_t st = ddp_recover(t->ddp, &mb, NULL, 0);
   if (st != DDP_SUCCESS) {
     fprintf(stderr, "rank %d: ddp_recover failed: %s: %s\n", g_rank, ddp_status_string(st), ddp_last_error());
+    exit(1);
+  }
+  if (mb.world > max_world) {
+    fprintf(stderr, "rank %d: %d ranks: this example gathers its losses for at most %d\n", mb.rank, mb.world,
+            max_world);
     exit(1);
   }
   t->rank = mb.rank, t->world = mb.world, g_rank = mb.rank;
@@ -550,8 +569,12 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   trainer_t t;
   memset(&t, 0, sizeof t);
   t.device_grads = device_grads;
-  check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
-  check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
+  volatile const int joiner = opt.elastic && joining(); /* no rank until the job admits it (recover, below) */
+  t.rank = -1;
+  if (!joiner) {
+    check(ddp_comm_rank(comm, &t.rank), "ddp_comm_rank");
+    check(ddp_comm_size(comm, &t.world), "ddp_comm_size");
+  }
   g_rank = t.rank;
   t.first_rank = t.rank;
   const int B = opt.batch;
@@ -612,8 +635,8 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
       check(ddp_register_grad(t.ddp, p, n[k], DDP_F32, 0, &t.grad_index[l][k]), "ddp_register_grad");
     }
   }
-  check(ddp_commit(t.ddp), "ddp_commit");
-  if (arena) /* the library owns the grads: backward writes straight into its buckets */
+  if (!joiner) check(ddp_commit(t.ddp), "ddp_commit");
+  if (arena && !joiner) /* the library owns the grads: backward writes straight into its buckets */
     for (int l = 0; l < NUM_LAYERS; ++l) {
       void* p[2];
       check(ddp_grad_ptr(t.ddp, t.grad_index[l][0], &p[0]), "ddp_grad_ptr");
@@ -648,7 +671,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   }
   if (opt.shard) {
     check(ddp_broadcast_params(t.ddp, 0, NULL), "ddp_broadcast_params");
-  } else if (!t.device_grads) {
+  } else if (!t.device_grads && !joiner) { /* (a joiner takes the job's state when it is admitted) */
     void* bufs[2 * NUM_LAYERS];
     size_t counts[2 * NUM_LAYERS];
     ddp_dtype_t types[2 * NUM_LAYERS];
@@ -668,7 +691,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
   }
 
   int nb = 0;
-  check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
+  if (!joiner) check(ddp_get_plan(t.ddp, &nb, NULL), "ddp_get_plan");
   /* Optimizer state: per tensor, or (sharded) per bucket shard only. */
   size_t state_bytes = 0;
   float *s1[2 * NUM_LAYERS] = {0}, *s2[2 * NUM_LAYERS] = {0};
@@ -704,14 +727,19 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
 
   int* labels = xmalloc((size_t)B * sizeof(int));
   double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
-  double* all = xmalloc((size_t)t.world * 2 * sizeof(double));
+  /* Two doubles per rank; an elastic job may grow (joiners), so room for more than it has now. */
+  const int all_cap = opt.elastic ? 4096 : t.world > 0 ? t.world : 1;
+  double* volatile all = xmalloc((size_t)all_cap * 2 * sizeof(double));
   /* (volatile: the values they hold when a lost rank jumps back to recover) */
   volatile double first_loss = 0.0, last_loss = 0.0, compute_s = 0.0;
   volatile int step = 0;
   jmp_buf lost;
   if (opt.elastic) {
     g_lost = &lost;
-    if (setjmp(lost)) step = recover(&t, &m, s1, s2, &opt);
+    if (setjmp(lost))
+      step = recover(&t, &m, s1, s2, &opt, all_cap);
+    else if (joiner) /* admitted at the job's next step boundary, with the job's state */
+      step = recover(&t, &m, s1, s2, &opt, all_cap);
   }
   for (; step < opt.steps; ++step) {
     const double t0 = now_s();

@@ -76,6 +76,17 @@ ok=0; [ $rc -eq 0 ] && grep -q "rank 0 was killed by signal 9; the other ranks g
 check "trainer --elastic over ddp_launch --elastic: rank 0 killed at step 3, the other two go on and agree" $ok \
   "exit $rc; $(tail -n 8 <<<"$out")"
 
+# A replacement: ddp_launch --max-restarts 1 starts a process with DDP_JOIN=1 in place of rank 1,
+# killed before step 4's backward; the trainer joins through ddp_comm_join_gloo, the others admit it
+# at a step boundary, and all three finish with identical losses and parameters.
+out=$(timeout 300 "$root/tools/ddp_launch" --max-restarts 1 -n 3 "$trainer" --comm gloo --elastic --kill 1@3 \
+      --steps 12 --batch 32 --quiet 2>&1); rc=$?
+ok=0; [ $rc -eq 0 ] && grep -q "rank 1 was killed by signal 9; starting a process that joins the running job" <<<"$out" &&
+  grep -q "^membership 1: 2 ranks now (3 before)" <<<"$out" && grep -q "^membership 2: 3 ranks now (2 before)" <<<"$out" &&
+  grep -q "^ranks agree: .* on all 3 ranks" <<<"$out" && ! grep -q "the loss did not fall" <<<"$out" && ok=1
+check "trainer --elastic over ddp_launch --max-restarts 1: rank 1 killed at step 4, its replacement joins, all 3 agree" \
+  $ok "exit $rc; $(tail -n 8 <<<"$out")"
+
 # make demo over Gloo (what it runs without MPI): 2 ranks, the same losses.
 out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_ARGS="${args[*]}" demo 2>&1); rc=$?
 ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1

@@ -11,7 +11,7 @@ system search path.
 from . import _lib
 from .errors import (DDPError, InvalidArgumentError, InvalidStateError, MismatchError, OutOfMemoryError,
                      UnsupportedError, CudaError, NcclError, MpiError, DDPTimeoutError, AbortedError,
-                     InternalError, RankLostError, ClosedError, from_status)
+                     InternalError, RankLostError, RankJoiningError, ClosedError, from_status)
 from .core import (Comm, LocalGroup, DDP, Stats, Bucket, Plan, Shard, Membership, F16, BF16, F32, F64, dtype_code, buffer_info,
                    make_config)
 
@@ -53,5 +53,5 @@ def set_log_callback(fn):
 
 __all__ = ["Comm", "LocalGroup", "DDP", "DDPError", "InvalidArgumentError", "InvalidStateError", "MismatchError",
            "OutOfMemoryError", "UnsupportedError", "CudaError", "NcclError", "MpiError", "DDPTimeoutError",
-           "AbortedError", "InternalError", "RankLostError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
+           "AbortedError", "InternalError", "RankLostError", "RankJoiningError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
            "version", "status_string", "library_path", "set_log_callback", "LOG_WARN", "LOG_INFO"]

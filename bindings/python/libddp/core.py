@@ -1,6 +1,7 @@
 """The Pythonic layer: Comm, LocalGroup and DDP over the low layer in _lib.py."""
 import contextlib
 import ctypes
+import os
 import weakref
 from collections import namedtuple
 
@@ -144,6 +145,22 @@ class Comm(_Handle):
         else:
             L.lib.ddp_comm_init_gloo_timeout(method, int(rank), int(size), int(timeout_ms), ctypes.byref(h))
         return cls(h.value)
+
+    @classmethod
+    def join_gloo(cls, init_method="env://", timeout_ms=None):
+        """A joiner's comm: joins a running elastic job over `init_method`'s store (as in gloo(); a TCP store
+        must outlive the ranks that died: ddp_launch --elastic). It has no rank until admitted: make a
+        DDP(comm, elastic=True, ...) over it, register the job's grads, then DDP.recover() waits for the
+        job to admit it (up to `timeout_ms`; default DDP_INIT_TIMEOUT_MS, else 300000; 0: forever) and
+        returns the Membership; take the state of its `source`."""
+        h = L.ddp_comm_t()
+        method = None if init_method is None else str(init_method).encode()
+        if timeout_ms is None:
+            timeout_ms = int(os.environ.get("DDP_INIT_TIMEOUT_MS") or 300000)
+        L.lib.ddp_comm_join_gloo(method, int(timeout_ms), ctypes.byref(h))
+        comm = cls(h.value)
+        comm._joining = True  # no rank or size until admitted
+        return comm
 
     @classmethod
     def nccl_store(cls, init_method="env://", rank=-1, size=-1, device=0, timeout_ms=None):
@@ -356,7 +373,7 @@ class DDP(_Handle):
         L.lib.ddp_create(comm._handle(), ctypes.byref(cfg), ctypes.byref(h))
         self._h = h.value
         self._keep = keep
-        self._world = comm.size  # elastic: the world before the next recovery
+        self._world = 0 if getattr(comm, "_joining", False) else comm.size  # elastic: the world before a change
         self.arena = cfg.layout == L.DDP_LAYOUT_ARENA
         self._grads = []     # (numel, dtype, is_device) per index
         self._buffers = {}   # index -> the object whose memory the library uses (copy layout)
@@ -600,12 +617,14 @@ class DDP(_Handle):
 
     def recover(self):
         """Elastic contexts (elastic=True), after a call raised RankLostError: agrees with the other live
-        ranks on the new membership and rebuilds the context over it (see ddp_recover in ddp.h). Returns
-        a Membership; every rank should then take the state of `source` (broadcast(..., root=source))
-        and go on from iteration `committed`. Raises RankLostError when this rank was left out.
-        Collective over the surviving ranks."""
+        ranks on the new membership and rebuilds the context over it; after RankJoiningError: admits the
+        processes that wait to join; on a joiner's context (Comm.join_gloo): asks to be admitted and waits
+        (see ddp_recover in ddp.h). Returns a Membership (members: each rank's old number, -1 for a
+        joiner); every rank should then take the state of `source` (broadcast(..., root=source)) and go
+        on from iteration `committed`. Raises RankLostError when this rank was left out, MismatchError
+        when the job refused a joiner (with its reason). Collective over the job's ranks and joiners."""
         m = L.ddp_membership_t()
-        members = (ctypes.c_int * max(1, self._world))()
+        members = (ctypes.c_int * max(4096, 2 * self._world))()
         L.lib.ddp_recover(self._handle(), ctypes.byref(m), members, len(members))
         self._world = m.world
         return Membership(m.epoch, m.rank, m.world, m.old_rank, m.old_world, m.source, bool(m.behind), m.committed,

@@ -16,6 +16,7 @@ TIMEOUT = H.DDP_ERR_TIMEOUT
 ABORTED = H.DDP_ERR_ABORTED
 INTERNAL = H.DDP_ERR_INTERNAL
 RANK_LOST = H.DDP_ERR_RANK_LOST
+RANK_JOINING = H.DDP_ERR_RANK_JOINING
 
 
 class DDPError(RuntimeError):
@@ -83,13 +84,20 @@ class RankLostError(DDPError):
     status = RANK_LOST
 
 
+class RankJoiningError(DDPError):
+    """Elastic contexts: a process asked to join and waits at this step boundary (nothing of the call was
+    done); call DDP.recover(), take the state of the returned membership's source, and make the call again.
+    On a joiner's context (Comm.join_gloo) before its admission: call DDP.recover() to be admitted."""
+    status = RANK_JOINING
+
+
 class ClosedError(InvalidStateError):
     """A method was called on a Comm or DDP after close(). Raised by the binding, not the library."""
 
 
 BY_STATUS = {c.status: c for c in (InvalidArgumentError, InvalidStateError, MismatchError, OutOfMemoryError,
                                    UnsupportedError, CudaError, NcclError, MpiError, DDPTimeoutError,
-                                   AbortedError, InternalError, RankLostError)}
+                                   AbortedError, InternalError, RankLostError, RankJoiningError)}
 
 
 def from_status(status, message):

@@ -13,7 +13,7 @@ EXPECTED = {
     1: libddp.InvalidArgumentError, 2: libddp.InvalidStateError, 3: libddp.MismatchError,
     4: libddp.OutOfMemoryError, 5: libddp.UnsupportedError, 6: libddp.CudaError, 7: libddp.NcclError,
     8: libddp.MpiError, 9: libddp.DDPTimeoutError, 10: libddp.AbortedError, 11: libddp.InternalError,
-    12: libddp.RankLostError,
+    12: libddp.RankLostError, 13: libddp.RankJoiningError,
 }
 
 

@@ -218,3 +218,69 @@ def test_elastic_launch_survives_losing_rank_0(tmp_path):
     import numpy as np
     a, b = np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy")
     assert a.tobytes() == b.tobytes()
+
+
+REPLACED = r"""
+import os, signal, sys, time
+import numpy as np
+import libddp
+out = sys.argv[1]
+rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+joiner = os.environ.get("DDP_JOIN") == "1"  # restarted by ddp_launch --max-restarts
+comm = libddp.Comm.join_gloo("env://") if joiner else libddp.Comm.gloo("env://")
+ddp = libddp.DDP(comm, elastic=True, timeout_ms=20000, message_size=1000)
+params = [np.linspace(0, 1, 3000, dtype=np.float32), np.linspace(1, 2, 500, dtype=np.float32)]
+grads = [np.zeros_like(p) for p in params]
+for g in grads:
+    ddp.register(g)
+world, step, changes = n, 0, []
+
+
+def take_state(m):
+    global world, step
+    ddp.broadcast(params, root=m.source)
+    world, step = m.world, m.committed
+    changes.append((m.epoch, m.world, m.old_rank == -1))
+
+
+if joiner:
+    take_state(ddp.recover())
+while step < 6 or (world < n and step < 200):  # the same bound on every rank: the step and the world
+    if rank == 1 and step == 2 and not joiner:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        ddp.begin_backward()
+        for i, g in enumerate(grads):
+            g[:] = (rank + 1) * (i + 1) * 0.01 + step * 0.001
+            ddp.grad_ready(i)
+        ddp.finish_backward()
+    except (libddp.RankLostError, libddp.RankJoiningError):
+        take_state(ddp.recover())
+        continue
+    for p, g in zip(params, grads):
+        p -= 0.1 * g
+    step += 1
+    if world < n:
+        time.sleep(0.2)  # a rank is missing: give its replacement time to come
+np.save(out % os.getpid(), np.concatenate(params))
+print("rank %d%s: world %d at step %d; changes %s" % (rank, " (joiner)" if joiner else "", world, step, changes))
+"""
+
+
+@needs_gloo
+def test_launch_max_restarts_replaces_a_killed_rank(tmp_path):
+    """ddp_launch --max-restarts 1: rank 1 is killed at step 2; the survivors recover, ddp_launch starts a
+    process with DDP_JOIN=1 that joins through Comm.join_gloo, the survivors admit it (RankJoiningError,
+    recover) and all three end with the same parameters."""
+    script = tmp_path / "replaced.py"
+    script.write_text(REPLACED)
+    rc, out = launch(3, ["--max-restarts", "1", PYTHON, str(script), str(tmp_path / "p%d.npy")], timeout=120)
+    assert rc == 0, out
+    assert "rank 1 was killed by signal 9; starting a process that joins the running job in its place (restart 1 of 1)" in out, out
+    assert "rank 1 (joiner): world 3" in out, out
+    assert len(re.findall(r"rank [02]: world 3 at step \d+; changes \[\(1, 2, False\), \(2, 3, False\)\]", out)) == 2, out
+    import numpy as np
+    saved = sorted(tmp_path.glob("p*.npy"))
+    assert len(saved) == 3, out
+    first = np.load(saved[0]).tobytes()
+    assert all(np.load(p).tobytes() == first for p in saved[1:]), out
