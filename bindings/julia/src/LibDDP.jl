@@ -127,6 +127,20 @@ function gloo(init_method::AbstractString="env://"; rank::Integer=-1, size::Inte
 end
 
 """
+    join_gloo(init_method="env://"; timeout_ms=300000) -> Comm
+
+A joiner's comm (ddp_comm_join_gloo): joins a running elastic job over `init_method`'s store. No rank
+until admitted: make an elastic DDP over it, register the job's grads, then `recover` waits for the job
+to admit it (up to `timeout_ms`, 0: forever) and returns the membership; take `source`'s state.
+"""
+function join_gloo(init_method::AbstractString="env://"; timeout_ms::Integer=300000)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:ddp_comm_join_gloo), Cint, (Cstring, Int64, Ref{Ptr{Cvoid}}), String(init_method), timeout_ms,
+                out))
+    return Comm(out[])
+end
+
+"""
     nccl_store(init_method="env://"; rank=-1, size=-1, device=0) -> Comm
 
 Device memory over NCCL needing no MPI: the ranks meet as in `gloo` and rank 0's NCCL id travels
@@ -255,11 +269,13 @@ end
 
 """`recover(d, old_world)` (ddp_recover): elastic contexts (`elastic = 1`), after a call failed with
 DDP_ERR_RANK_LOST: agrees with the other live ranks on the new membership and rebuilds the context over
-it. Returns `(membership, members)`: the ddp_membership_t and, for each new rank, its number in the old
-world. Every rank should then take the state of `membership.source` (`broadcast`). Collective."""
+it; after DDP_ERR_RANK_JOINING: admits the processes that wait to join; on a joiner's context
+(`join_gloo`): asks to be admitted and waits. Returns `(membership, members)`: the ddp_membership_t and,
+for each new rank, its number in the old world (-1: a joiner). Every rank should then take the state of
+`membership.source` (`broadcast`). Collective."""
 function recover(d::DDP, old_world::Integer)
     m = Ref{ddp_membership_t}()
-    members = fill(Cint(-1), max(1, old_world))
+    members = fill(Cint(-1), max(4096, 2 * old_world))
     check(ccall(sym(:ddp_recover), Cint, (Ptr{Cvoid}, Ref{ddp_membership_t}, Ptr{Cint}, Csize_t), handle(d), m,
                 members, length(members)))
     return m[], Int.(members[1:m[].world])

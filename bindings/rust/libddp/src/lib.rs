@@ -161,6 +161,14 @@ impl Comm {
         let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
         Comm::make(false, |raw| unsafe { sys::ddp_comm_init_gloo_timeout(method.as_ptr(), r, n, timeout_ms, raw) })
     }
+    /// A joiner's comm: joins a running elastic job over `init_method`'s store (as in `gloo`; a TCP
+    /// store must outlive the ranks that died: `ddp_launch --elastic`). No rank until admitted: make
+    /// an elastic `Ddp` over it, register the job's grads, then `Ddp::recover` waits for the job to
+    /// admit it (up to `timeout_ms`, 0: forever) and returns the membership; take `source`'s state.
+    pub fn join_gloo(init_method: &str, timeout_ms: i64) -> Result<Comm> {
+        let method = c_method(init_method)?;
+        Comm::make(false, |raw| unsafe { sys::ddp_comm_join_gloo(method.as_ptr(), timeout_ms, raw) })
+    }
     /// Device memory over NCCL needing no MPI: the ranks meet as in `gloo` and rank 0's NCCL id
     /// travels over a Gloo comm. Collective; bounded as `gloo`.
     pub fn nccl_store(init_method: &str, rank: Option<i32>, size: Option<i32>, cuda_device: i32) -> Result<Comm> {
@@ -652,12 +660,14 @@ impl Ddp {
         check(unsafe { sys::ddp_barrier(self.raw) })
     }
     /// Elastic contexts, after a call failed with `DDP_ERR_RANK_LOST`: agrees with the other live ranks
-    /// on the new membership and rebuilds the context over it. Returns the membership and, for each new
-    /// rank, its number in the old world; every rank should then take the state of `source` (`broadcast`).
-    /// Collective over the surviving ranks.
+    /// on the new membership and rebuilds the context over it; after `DDP_ERR_RANK_JOINING`: admits the
+    /// processes that wait to join; on a joiner's context (`Comm::join_gloo`): asks to be admitted and
+    /// waits. Returns the membership and, for each new rank, its number in the old world (-1: a
+    /// joiner); every rank should then take the state of `source` (`broadcast`). Collective over the
+    /// job's ranks and the joiners.
     pub fn recover(&mut self, old_world: usize) -> Result<(sys::ddp_membership_t, Vec<i32>)> {
         let mut m = sys::ddp_membership_t::default();
-        let mut members = vec![-1 as c_int; old_world.max(1)];
+        let mut members = vec![-1 as c_int; (2 * old_world).max(4096)];
         check(unsafe { sys::ddp_recover(self.raw, &mut m, members.as_mut_ptr(), members.len()) })?;
         members.truncate(m.world.max(0) as usize);
         Ok((m, members))

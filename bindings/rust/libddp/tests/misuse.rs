@@ -87,3 +87,30 @@ fn gloo_refuses_a_bad_method_and_a_nul_byte() {
         assert!(e.message.contains("udp://host:1"), "{e}");
     }
 }
+
+#[test]
+fn a_joiner_that_no_job_admits_times_out_saying_so() {
+    let e = Comm::join_gloo("a\0b", 100).err().expect("a NUL byte must fail");
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_ARGUMENT);
+    let dir = std::env::temp_dir().join(format!("libddp-rust-join-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let comm = match Comm::join_gloo(&format!("file://{}", dir.display()), 300) {
+        Ok(c) => c,
+        Err(e) => {
+            assert_eq!(e.status, sys::DDP_ERR_UNSUPPORTED, "{e}"); // a build without Gloo
+            return;
+        }
+    };
+    let mut config = Config::default();
+    config.elastic = 1;
+    config.arena = false;
+    let mut ddp = Ddp::new(&comm, &config).expect("an elastic context over a joiner's comm");
+    let _g = ddp.register::<f32>(10).expect("registration before the admission");
+    let e = ddp.recover(1).err().expect("no job: the admission times out");
+    assert_eq!(e.status, sys::DDP_ERR_TIMEOUT, "{e}");
+    assert!(e.message.contains("no running elastic job"), "{e}");
+    let e = ddp.commit().err().expect("not admitted: the other calls refuse");
+    assert_eq!(e.status, sys::DDP_ERR_RANK_JOINING, "{e}");
+    drop(ddp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
