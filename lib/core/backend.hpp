@@ -228,7 +228,8 @@ class JoinDesk {
   virtual ~JoinDesk() = default;
   // The request filed in `slot`, if one is (no wait).
   virtual bool request(int64_t slot, std::string* text) = 0;
-  // Answers the joiner of `slot`: "A" (admitted) or "R" (refused) and the text after it.
+  // Answers the joiner of `slot`: "A" (admitted) or "R" (refused) and the text after it, or "S" (passed
+  // over: its heartbeat had stopped; it asks again).
   virtual void answer(int64_t slot, const std::string& text) = 0;
   // The joiner's heartbeat while it waits (a counter it bumps every 100 ms), if it has one.
   virtual bool beat(int64_t slot, std::string* value) = 0;

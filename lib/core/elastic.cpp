@@ -229,9 +229,11 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
       if (!desk->request(slot, &text)) continue;
       const std::string why = refuse_join(text, terms, &expired);
       if (!why.empty()) desk->answer(slot, "R" + why);
-      // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain)
-      const bool gone = expired || (join_watch_ && !join_watch_->alive(slot));
-      if (why.empty() && !gone) wire[static_cast<size_t>(++wire[0])] = slot;
+      // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain; told
+      // so, in case it only stalled, it asks again)
+      const bool stopped = !expired && join_watch_ && !join_watch_->alive(slot);
+      if (why.empty() && stopped) desk->answer(slot, "S");
+      if (why.empty() && !expired && !stopped) wire[static_cast<size_t>(++wire[0])] = slot;
     }
   }
   std::vector<int64_t> slots;

@@ -219,7 +219,9 @@ int worker(const Scenario& s, int id) {
     ddp_recover(ddp, nullptr, nullptr, 0);
     for (;;) pause();
   }
+  uint64_t asked = now_ns(), admitted = 0;
   if (joiner) change(true);  // admitted at the job's next step boundary; its state from the source
+  if (joiner) admitted = now_ns();
   find_grads();
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
   // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
@@ -274,6 +276,7 @@ int worker(const Scenario& s, int id) {
   std::ofstream out(s.dir + "/out." + std::to_string(id));
   out << log.str();
   out << "first_commit_after " << first_commit_after << "\n";
+  if (joiner) out << "admitted_ms " << (admitted - asked) / 1000000 << "\n";
   out << "params";
   char buf[64];
   for (size_t g = 0; g < ng; ++g)
@@ -316,7 +319,7 @@ pid_t start_store(const char* bin, int* port) {
 }
 
 // Runs one scenario; returns "" when it passed, else why not.
-std::string run(Scenario s, double* recovery_ms) {
+std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   const int procs = s.np + (s.replace ? 1 : 0) + (s.ghost ? 1 : 0);
   std::vector<pid_t> pids(static_cast<size_t>(procs), 0);  // by identity
   pid_t store = -1;
@@ -406,6 +409,8 @@ std::string run(Scenario s, double* recovery_ms) {
     if (a == std::string::npos || b == std::string::npos) return "rank id " + std::to_string(r) + " wrote no result";
     const std::string lg = out.substr(0, a), pr = out.substr(b);
     if (r == s.np) {
+      const size_t ad = out.find("admitted_ms ");
+      if (ad != std::string::npos) *admission_ms = std::strtod(out.c_str() + ad + 12, nullptr);
       if (lg.empty() || lg.size() > ref_log.size() || ref_log.compare(ref_log.size() - lg.size(), lg.size(), lg) != 0)
         return "the joiner's steps are not the last of the others':\n" + ref_log + "against\n" + lg;
       if (pr != ref_params) return "the joiner's parameters differ from the survivors'";
@@ -486,7 +491,7 @@ int main(int argc, char** argv) {
   std::printf("elastic: %d scenarios, seed %u (rerun: elastic %d %u)\n", n, seed, n, seed);
   std::mt19937 rng(seed);
   int pass = 0, fail = 0;
-  std::vector<double> rec;
+  std::vector<double> rec, adm;  // first step after a death; a joiner's wait for its admission
   char tmpl[] = "/tmp/ddp-elastic.XXXXXX";
   const std::string root = mkdtemp(tmpl);
   for (int k = 0; k < n; ++k) {
@@ -524,8 +529,8 @@ int main(int argc, char** argv) {
     }
     const char* only = std::getenv("ELASTIC_ONLY");  // one scenario of the seed's sequence
     if (only && std::atoi(only) != k) continue;
-    double ms = -1;
-    const std::string why = run(s, &ms);
+    double ms = -1, admitted = -1;
+    const std::string why = run(s, &ms, &admitted);
     char second[96] = "";
     if (s.victim2 >= 0)
       std::snprintf(
@@ -544,6 +549,7 @@ int main(int argc, char** argv) {
     if (why.empty()) {
       ++pass;
       if (ms >= 0) rec.push_back(ms);
+      if (admitted >= 0) adm.push_back(admitted);
       if (ms >= 0)
         std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
       else
@@ -558,6 +564,11 @@ int main(int argc, char** argv) {
     std::sort(rec.begin(), rec.end());
     std::printf("elastic: first committed step after a death: median %.0f ms, worst %.0f ms (timeout_ms %lld)\n",
                 rec[rec.size() / 2], rec.back(), static_cast<long long>(kTimeoutMs));
+  }
+  if (!adm.empty()) {
+    std::sort(adm.begin(), adm.end());
+    std::printf("elastic: a replacement's ddp_recover until admitted (state taken): median %.0f ms, worst %.0f ms (%zu)\n",
+                adm[adm.size() / 2], adm.back(), adm.size());
   }
   if (fail == 0) std::system(("rm -rf " + root).c_str());
   std::printf("elastic: %d passed, %d failed\n", pass, fail);

@@ -649,10 +649,13 @@ class GlooJoiningComm final : public Comm {
     const int64_t now_ms = std::chrono::duration_cast<Ms>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t give_up = bound > 0 && bound < INT64_MAX / 4 ? now_ms + bound : 0;
     GlooJoinDesk desk(world_, lineage_);
-    const int64_t slot = desk.file(request + " " + std::to_string(give_up), dl);
+    int64_t slot = 0;
     std::string a;
     try {
-      a = desk.wait_answer(slot, dl);
+      do {  // passed over ("S": the job saw its heartbeat stand still): ask again
+        slot = desk.file(request + " " + std::to_string(give_up), dl);
+        a = desk.wait_answer(slot, dl);
+      } while (a == "S");
     } catch (const Error& e) {
       if (e.status() != DDP_ERR_TIMEOUT) throw;
       fail(DDP_ERR_TIMEOUT,
