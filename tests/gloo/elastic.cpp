@@ -567,8 +567,9 @@ int main(int argc, char** argv) {
   }
   if (!adm.empty()) {
     std::sort(adm.begin(), adm.end());
-    std::printf("elastic: a replacement's ddp_recover until admitted (state taken): median %.0f ms, worst %.0f ms (%zu)\n",
-                adm[adm.size() / 2], adm.back(), adm.size());
+    std::printf(
+        "elastic: a replacement's ddp_recover until admitted (state taken): median %.0f ms, worst %.0f ms (%zu)\n",
+        adm[adm.size() / 2], adm.back(), adm.size());
   }
   if (fail == 0) std::system(("rm -rf " + root).c_str());
   std::printf("elastic: %d passed, %d failed\n", pass, fail);

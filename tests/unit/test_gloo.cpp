@@ -527,6 +527,8 @@ TEST_CASE("elastic joins: a joiner is refused by reason, asks again, is admitted
     if (ddp_create(c, &cfg, &d) != DDP_SUCCESS || ddp_register_grad(d, a.data(), na, DDP_F32, 0, &ia) ||
         ddp_register_grad(d, b.data(), nb, DDP_F32, 0, &ib))
       return complain("create");
+    // Nothing lost and nobody waiting: nothing to recover (the job is not disturbed).
+    expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_INVALID_STATE, "no rank was lost and none waits to join");
     int world = 2, rank = r, steps_after = 0;
     float state = 0;  // stands for the model: the joiner must receive it
     for (int it = 0; it < 1500 && steps_after < 5; ++it) {
@@ -583,6 +585,10 @@ TEST_CASE("elastic joins: a joiner is refused by reason, asks again, is admitted
     if (ddp_register_grad(d, a.data(), na, DDP_F32, 0, &ia)) return complain("register");
     expect(ddp_begin_backward(d, nullptr), DDP_ERR_RANK_JOINING, "call ddp_recover to be admitted");
     expect(ddp_commit(d), DDP_ERR_RANK_JOINING, "joins a running job");
+    ddp_stats_t stats;
+    stats.size = sizeof stats;
+    CHECK(ddp_get_stats(d, &stats) == DDP_SUCCESS);  // answers before the admission too
+    CHECK(stats.iterations == 0);
     // One grad where the job has two: refused with the job's reason, and still a joiner.
     expect(ddp_recover(d, nullptr, nullptr, 0), DDP_ERR_MISMATCH, "registered 1 grads, the job 2");
     if (ddp_register_grad(d, b.data(), nb, DDP_F32, 0, &ib)) return complain("register again");

@@ -384,4 +384,5 @@ TEST_CASE("elastic: refused where the communicator cannot be rebuilt; ddp_recove
         }) == 0);
   ddp_comm_destroy(self);
   CHECK(std::string(ddp_status_string(DDP_ERR_RANK_LOST)) == "a rank was lost: call ddp_recover");
+  CHECK(std::string(ddp_status_string(DDP_ERR_RANK_JOINING)) == "a rank waits to join: call ddp_recover");
 }
