@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -183,6 +184,24 @@ void recv_all(const Socket& s, void* p, size_t n, Deadline dl, const std::string
       fail(DDP_ERR_TIMEOUT, "%s: the connection broke: %s", what.c_str(), std::strerror(errno));
     }
   }
+}
+
+std::string interface_address(const std::string& ifname) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return std::string();
+  std::string v4, v6;
+  for (ifaddrs* i = all; i; i = i->ifa_next) {
+    if (!i->ifa_addr || !i->ifa_name || ifname != i->ifa_name) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char host[NI_MAXHOST] = "";
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string& first = family == AF_INET ? v4 : v6;
+    if (first.empty()) first = host;
+  }
+  ::freeifaddrs(all);
+  return v4.empty() ? v6 : v4;
 }
 
 std::string local_address(const Socket& s) {

@@ -55,6 +55,8 @@ void recv_all(const Socket& s, void* p, size_t n, Deadline dl, const std::string
 
 // The numeric address of this end of a connected socket (the interface that reaches the peer).
 std::string local_address(const Socket& s);
+// The first IPv4 (else IPv6) address of the network interface `ifname`, "" if it has none.
+std::string interface_address(const std::string& ifname);
 
 // Milliseconds left before the deadline, at least 1 and at most `forever` (also what an infinite one gives).
 int64_t ms_left(Deadline dl, int64_t forever);

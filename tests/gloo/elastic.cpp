@@ -8,11 +8,17 @@
 // may hang or crash, and the survivors' first committed step must come within timeout_ms + 1 s of
 // the death. Replacement scenarios start a new process after the death (ddp_comm_join_gloo): the
 // survivors must admit it at a step boundary (DDP_ERR_RANK_JOINING, ddp_recover), and it must end
-// bitwise equal to them. Prints "elastic: P passed, F failed".
+// bitwise equal to them. Cut scenarios (as root, where network namespaces can be made; ELASTIC_NO_NETNS=1
+// turns them off) put the victim on a second emulated host, a network namespace joined to the others'
+// by a veth pair, and take its link down instead of killing it: the others find it at timeout_ms and
+// must go on within timeout_ms + 1 s; the victim, alive but cut off, must learn it was left out (even
+// over a file store, which it still reaches). Prints "elastic: P passed, F failed".
 // Usage: elastic [SCENARIOS [SEED]]  (default 12 scenarios, seed from the clock). ELASTIC_STORE_BIN:
 // tools/ddp_store, for scenarios whose TCP store outlives every rank (rank 0 may die); ELASTIC_VERBOSE=1:
 // the ranks' stderr on the terminal; ELASTIC_ONLY=K: only scenario K of the sequence.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -64,12 +70,56 @@ struct Scenario {
   int64_t timeout_ms = kTimeoutMs;
   bool replace = false;   // a new process (identity np) joins after the death
   bool ghost = false;     // and before it, one (identity np + 1) asks to join and dies on its way in
+  bool cut = false;       // the victim's link is cut (network namespaces) instead of its process killed
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
   bool external = false;  // tcp:// served by tools/ddp_store (any rank may die)
   std::vector<size_t> sizes;
   std::string store;
   std::string dir;
+  std::string ns[2], veth[2];  // cut scenarios: the others' host and the victim's
 };
+
+// Cut scenarios: the two emulated hosts' addresses (each in its own namespace).
+const char* const kHostAddr[2] = {"10.201.0.1", "10.201.0.2"};
+
+// Runs a shell command; true when it succeeded.
+bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// The two hosts of a cut scenario: namespaces ns[0] (the others) and ns[1] (the victim) joined by the
+// veth pair veth[0]-veth[1]; removed by the destructor.
+struct Hosts {
+  const Scenario& s;
+  bool made = false;
+  explicit Hosts(const Scenario& sc) : s(sc) {
+    if (!s.cut) return;
+    made = sh("ip netns add " + s.ns[0]) && sh("ip netns add " + s.ns[1]) &&
+           sh("ip link add " + s.veth[0] + " type veth peer name " + s.veth[1]);
+    for (int h = 0; made && h < 2; ++h)
+      made = sh("ip link set " + s.veth[h] + " netns " + s.ns[h]) &&
+             sh("ip -n " + s.ns[h] + " addr add " + kHostAddr[h] + "/24 dev " + s.veth[h]) &&
+             sh("ip -n " + s.ns[h] + " link set " + s.veth[h] + " up") && sh("ip -n " + s.ns[h] + " link set lo up");
+  }
+  ~Hosts() {
+    if (s.cut) sh("ip netns del " + s.ns[0]), sh("ip netns del " + s.ns[1]);
+  }
+};
+
+// In a forked rank of a cut scenario: onto its host (before any socket), Gloo on that host's link.
+void enter_host(const Scenario& s, int host) {
+  const int fd = open(("/var/run/netns/" + s.ns[host]).c_str(), O_RDONLY);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(6);
+  close(fd);
+  setenv("GLOO_SOCKET_IFNAME", s.veth[host].c_str(), 1);
+}
+
+// Whether this machine lets the cut scenarios make network namespaces.
+bool netns_usable() {
+  if (geteuid() != 0 || std::getenv("ELASTIC_NO_NETNS")) return false;
+  const std::string probe = "ddpel" + std::to_string(getpid());
+  const bool ok = sh("ip netns add " + probe);
+  sh("ip netns del " + probe);
+  return ok;
+}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -91,6 +141,13 @@ float init_value(size_t grad, size_t i) { return static_cast<float>((grad * 31 +
   if (first) std::ofstream(s.dir + "/death") << now_ns() << "\n";
   raise(SIGKILL);
   _exit(99);
+}
+
+// The victim's fault: killed, or (cut scenarios) its link taken down while it goes on.
+void fault_now(const Scenario& s) {
+  if (!s.cut) die_now(s);
+  std::ofstream(s.dir + "/death") << now_ns() << "\n";
+  if (!sh("ip link set dev " + s.veth[1] + " down")) _exit(6);
 }
 
 #define CHECK_OK(call)                                                                                              \
@@ -177,9 +234,15 @@ int worker(const Scenario& s, int id) {
       ddp_status_t st = ddp_recover(ddp, &m, members.data(), members.size());
       // A survivor that died after checking in leaves the others waiting for its connection: they
       // get DDP_ERR_TIMEOUT and try again, under a new name, without it.
-      for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries)
+      for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3 && !(victim && s.cut); ++tries)
         st = ddp_recover(ddp, &m, members.data(), members.size());
-      if (victim && s.point == Stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
+      // Cut off: left out (a file store, still reached), or no store at all (rank 0's TCP store).
+      const bool left_out = st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out");
+      if (victim && s.cut && st != DDP_SUCCESS) {
+        std::fprintf(stderr, "rank id %d (cut off): %s: %s\n", id, ddp_status_string(st), ddp_last_error());
+        _exit(left_out || !s.tcp ? 7 : 8);
+      }
+      if (victim && s.point == Stalls && left_out) {
         ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
         ddp_comm_destroy(comm);
         _exit(7);
@@ -230,7 +293,7 @@ int worker(const Scenario& s, int id) {
   while (step < kSteps || (short_handed() && step < kSteps + 150)) {
     const bool dies_now = victim && step == s.step;
     if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
-    if (dies_now && s.point == BeforeBegin) die_now(s);
+    if (dies_now && s.point == BeforeBegin) fault_now(s);
     if (dies_now && s.point == Stalls)  // past the others' timeout and their wait for late ranks
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * s.timeout_ms + 2000));
     ddp_status_t st = ddp_begin_backward(ddp, nullptr);
@@ -240,10 +303,10 @@ int worker(const Scenario& s, int id) {
     if (dies_now && s.point == OnTheWire)
       std::thread([s] {
         std::this_thread::sleep_for(std::chrono::microseconds(s.delay_us));
-        die_now(s);
+        fault_now(s);
       }).detach();
     for (size_t k = 0; k < ng && st == DDP_SUCCESS; ++k) {
-      if (dies_now && s.point == AfterSomeReady && static_cast<int>(k) == s.ready) die_now(s);
+      if (dies_now && s.point == AfterSomeReady && static_cast<int>(k) == s.ready) fault_now(s);
       const size_t g = static_cast<size_t>(order[k]);
       for (size_t i = 0; i < s.sizes[g]; ++i) grads[g][i] = grad_value(id, static_cast<int>(step), g, i);
       st = ddp_grad_ready(ddp, static_cast<int>(g));
@@ -251,7 +314,7 @@ int worker(const Scenario& s, int id) {
     if (st == DDP_SUCCESS) st = ddp_finish_backward(ddp, nullptr);
     if (st == DDP_SUCCESS) {
       find_grads();  // the arena moves its grads once, when the learned plan is adopted
-      if (dies_now && s.point == AfterCommit) die_now(s);
+      if (dies_now && s.point == AfterCommit) fault_now(s);
       for (size_t g = 0; g < ng; ++g)
         for (size_t i = 0; i < s.sizes[g]; ++i) params[g][i] -= static_cast<float>(kLr) * grads[g][i];
       log << "step " << step << ":";
@@ -260,7 +323,7 @@ int worker(const Scenario& s, int id) {
       ++step;
       if (recovered && !first_commit_after) first_commit_after = now_ns();
       if (short_handed()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (dies_now && s.point == AfterUpdate) die_now(s);
+      if (dies_now && s.point == AfterUpdate) fault_now(s);
       continue;
     }
     if (st != DDP_ERR_RANK_LOST && st != DDP_ERR_RANK_JOINING) {
@@ -338,6 +401,7 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   auto start = [&](int r) {  // rank r, or the joiner (r == np), or the ghost (np + 1)
     const pid_t p = fork();
     if (p == 0) {
+      if (s.cut) enter_host(s, r == s.victim ? 1 : 0);
       if (s.external) setenv("DDP_STORE_EXTERNAL", "1", 1);
       if (!std::getenv("ELASTIC_VERBOSE")) {
         std::FILE* f = std::freopen((s.dir + "/err." + std::to_string(r)).c_str(), "w", stderr);
@@ -347,6 +411,8 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
     }
     pids[static_cast<size_t>(r)] = p;
   };
+  const Hosts hosts(s);
+  if (s.cut && !hosts.made) return "the network namespaces of the cut could not be made";
   for (int r = 0; r < s.np; ++r) start(r);
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   auto joiner_at = std::chrono::steady_clock::time_point::max();
@@ -382,6 +448,12 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   }
   for (int r = 0; r < procs; ++r) {
     const int st = status[static_cast<size_t>(r)];
+    if (r == s.victim && s.cut) {
+      if (!(WIFEXITED(st) && (WEXITSTATUS(st) == 7 || (s.tcp && WEXITSTATUS(st) == 8))))
+        why +=
+            "the rank cut off did not learn it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
+      continue;
+    }
     if (r == s.victim && s.point == Stalls) {
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 7))
         why +=
@@ -490,8 +562,11 @@ int main(int argc, char** argv) {
       argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)) : static_cast<unsigned>(now_ns() % 1000000);
   std::printf("elastic: %d scenarios, seed %u (rerun: elastic %d %u)\n", n, seed, n, seed);
   std::mt19937 rng(seed);
+  const bool netns = netns_usable();
+  if (!netns) std::printf("elastic: no cut scenarios (they need root and network namespaces)\n");
   int pass = 0, fail = 0;
-  std::vector<double> rec, adm;  // first step after a death; a joiner's wait for its admission
+  // The first step after a death, and after a cut link; a joiner's wait for its admission.
+  std::vector<double> rec, cut, adm;
   char tmpl[] = "/tmp/ddp-elastic.XXXXXX";
   const std::string root = mkdtemp(tmpl);
   for (int k = 0; k < n; ++k) {
@@ -505,9 +580,12 @@ int main(int argc, char** argv) {
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
     if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
-    s.replace = s.point != Stalls && rng() % 3 == 0;
+    // (cut scenarios: one victim and no joiner; found at the timeout, so a short one)
+    s.cut = netns && s.point != Stalls && !s.external && rng() % 4 == 0;
+    if (s.cut) s.timeout_ms = 3000;
+    s.replace = s.point != Stalls && !s.cut && rng() % 3 == 0;
     s.ghost = s.replace && rng() % 3 == 0;
-    if (s.np == 4 && s.point != Stalls && !s.replace && rng() % 3 == 0) {
+    if (s.np == 4 && s.point != Stalls && !s.replace && !s.cut && rng() % 3 == 0) {
       s.victim2 = (s.victim + 1 + static_cast<int>(rng() % 3)) % 4;
       s.in_recovery = rng() % 2 == 0;
       s.step2 = s.step + 1 + static_cast<int>(rng() % static_cast<unsigned>(kSteps - 2 - s.step));
@@ -521,8 +599,12 @@ int main(int argc, char** argv) {
     s.delay_us = static_cast<int>(rng() % 3000);
     s.dir = root + "/s" + std::to_string(k);
     mkdir(s.dir.c_str(), 0700);
+    if (s.cut) {
+      const std::string tag = std::to_string(getpid() % 100000) + "x" + std::to_string(k);
+      s.ns[0] = "ddpelA" + tag, s.ns[1] = "ddpelB" + tag, s.veth[0] = "dA" + tag, s.veth[1] = "dB" + tag;
+    }
     if (s.tcp) {
-      s.store = "tcp://127.0.0.1:" + std::to_string(free_port());
+      s.store = std::string("tcp://") + (s.cut ? kHostAddr[0] : "127.0.0.1") + ":" + std::to_string(free_port());
     } else {
       mkdir((s.dir + "/store").c_str(), 0700);
       s.store = "file://" + s.dir + "/store";
@@ -537,18 +619,21 @@ int main(int argc, char** argv) {
           second, sizeof second,
           s.in_recovery ? "; rank %d killed entering the recovery" : "; rank %d killed before its backward at step %d",
           s.victim2, s.step2);
+    std::string point = point_name(s.point);
+    if (s.cut) point.replace(0, 6, "cut off");  // "killed ..." -> "cut off ..."
     char what[320];
     std::snprintf(what, sizeof what, "np %d, %s store, %s, %d stream(s), %d grads: rank %d at step %d %s%s%s", s.np,
                   s.external ? "ddp_store"
                   : s.tcp    ? "tcp"
                              : "file",
-                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point_name(s.point), second,
-                  s.ghost     ? ", a joiner dies on its way in, a replacement joins"
+                  s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point.c_str(), second,
+                  s.cut       ? " (alive, on another host)"
+                  : s.ghost   ? ", a joiner dies on its way in, a replacement joins"
                   : s.replace ? ", a replacement joins"
                               : "");
     if (why.empty()) {
       ++pass;
-      if (ms >= 0) rec.push_back(ms);
+      if (ms >= 0) (s.cut ? cut : rec).push_back(ms);
       if (admitted >= 0) adm.push_back(admitted);
       if (ms >= 0)
         std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
@@ -564,6 +649,13 @@ int main(int argc, char** argv) {
     std::sort(rec.begin(), rec.end());
     std::printf("elastic: first committed step after a death: median %.0f ms, worst %.0f ms (timeout_ms %lld)\n",
                 rec[rec.size() / 2], rec.back(), static_cast<long long>(kTimeoutMs));
+  }
+  if (!cut.empty()) {
+    std::sort(cut.begin(), cut.end());
+    std::printf(
+        "elastic: first committed step after a cut link: median %.0f ms, worst %.0f ms (%zu; timeout_ms 3000, "
+        "bound 4000)\n",
+        cut[cut.size() / 2], cut.back(), cut.size());
   }
   if (!adm.empty()) {
     std::sort(adm.begin(), adm.end());

@@ -465,6 +465,9 @@ class GlooComm final : public Comm {
   Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
                     Deadline window, Deadline dl) override;
   std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_); }
+  std::vector<bool> reached(const std::vector<int64_t>& in, const std::function<std::vector<bool>()>& answering);
+  std::string claim_members(Store& store, const std::string& key, const std::vector<int64_t>& in,
+                            const std::vector<bool>& reach, Deadline dl);
   std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
                               Deadline dl) override;
 
@@ -582,12 +585,7 @@ Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
       std::this_thread::sleep_for(Ms(10));
     }
   }
-  std::string view;
-  for (int r = 0; r < n; ++r)
-    if (in[static_cast<size_t>(r)] >= 0)
-      view += std::to_string(r) + ":" + std::to_string(in[static_cast<size_t>(r)]) + " ";
-  std::vector<char> held;
-  if (!store.claim(base + "/members", text(view), &held, dl)) view.assign(held.begin(), held.end());
+  std::string view = claim_members(store, base + "/members", in, reached(in, answering), dl);
   Regrouped g;
   int me = -1;
   for (const char* p = view.c_str(); *p;) {
@@ -606,6 +604,55 @@ Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
          rank(), epoch.c_str(), view.c_str());
   g.comm.reset(new GlooComm(world_, base + ".c", dl, me, static_cast<int>(g.members.size()), lineage_));
   return g;
+}
+
+// Of the ranks that checked in, those this rank reaches now (the stall inspector's ports, asked twice
+// for a rank silent once): a rank cut off from this one may still have reached the store (a shared
+// file system) and checked in.
+std::vector<bool> GlooComm::reached(const std::vector<int64_t>& in,
+                                    const std::function<std::vector<bool>()>& answering) {
+  std::vector<bool> ok = answering();
+  bool all = true;
+  for (size_t r = 0; r < in.size(); ++r) all = all && (in[r] < 0 || ok[r] || static_cast<int>(r) == rank());
+  if (!all) {
+    const std::vector<bool> again = answering();
+    for (size_t r = 0; r < ok.size(); ++r) ok[r] = ok[r] || again[r];
+  }
+  ok[static_cast<size_t>(rank())] = true;
+  return ok;
+}
+
+// Proposes the ranks that checked in and are reached ("rank:committed ..."): the store keeps the first
+// proposal, which every rank adopts. A rank that reaches no more than half of those that checked in
+// (the smaller side of a cut, or an even split) proposes nothing and adopts the other side's, which
+// leaves it out: so the larger side goes on, and an even split stops at the deadline.
+std::string GlooComm::claim_members(Store& store, const std::string& key, const std::vector<int64_t>& in,
+                                    const std::vector<bool>& reach, Deadline dl) {
+  std::string view;
+  int checked = 0, seen = 0;
+  for (size_t r = 0; r < in.size(); ++r) {
+    if (in[r] < 0) continue;
+    ++checked;
+    if (!reach[r]) continue;
+    ++seen;
+    view += std::to_string(r) + ":" + std::to_string(in[r]) + " ";
+  }
+  std::vector<char> held;
+  if (2 * seen > checked) {
+    if (!store.claim(key, std::vector<char>(view.begin(), view.end()), &held, dl))
+      view.assign(held.begin(), held.end());
+    return view;
+  }
+  try {
+    held = store.get(key, dl, "a membership from the ranks this one cannot reach");
+  } catch (const Error& e) {
+    if (e.status() != DDP_ERR_TIMEOUT) throw;
+    fail(DDP_ERR_TIMEOUT,
+         "rank %d reaches %d of the %d ranks that checked in (the network is split, or they stall): no side holds "
+         "a majority, and no membership was agreed before the deadline",
+         rank(), seen, checked);
+  }
+  return std::string(held.begin(), held.end());
 }
 
 // Rank 0 tells each joiner where the new membership meets (its number and the new world) before
@@ -722,9 +769,13 @@ std::shared_ptr<GlooWorld> open_world(const char* init_method, int rank, int siz
   w->settled = joining;  // a joiner made no arrival
   gloo::transport::tcp::attr attr;
   const std::string iface = knobs::text("GLOO_SOCKET_IFNAME");
-  if (!iface.empty())
+  if (!iface.empty()) {
     attr.iface = iface;
-  else
+    // The stall inspector's port is reached where Gloo is (the store's address or the host name may
+    // be another interface's, out of the peers' reach).
+    const std::string a = tcp::interface_address(iface);
+    if (!a.empty()) w->rv.host = a;
+  } else
     attr.hostname = w->rv.host;  // the interface that reaches rank 0 (empty: the host's name)
   gloo_call(w->rv.rank, w->rv.size, "device on " + (attr.iface.empty() ? attr.hostname : attr.iface),
             [&] { w->device = gloo::transport::tcp::CreateDevice(attr); });
