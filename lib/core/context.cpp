@@ -33,8 +33,8 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   if (cfg_.c.elastic && !comm.can_regroup())
     fail(DDP_ERR_UNSUPPORTED,
          "config.elastic needs a communicator that can be rebuilt over the ranks left after a loss: Gloo "
-         "(ddp_comm_init_gloo). MPI cannot shrink a communicator (it would need ULFM); NCCL and local groups "
-         "are not rebuilt yet");
+         "(ddp_comm_init_gloo) or a local group. MPI cannot shrink a communicator (it would need ULFM); NCCL is "
+         "not rebuilt yet");
   device_ = comm.make_device();
   attach(comm);
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&

@@ -29,6 +29,7 @@
 
 #include "host/host_device.hpp"
 #include "host/host_kernels.hpp"
+#include "host/membership.hpp"
 #include "host/probe.hpp"
 #include "host/ring.hpp"
 #include "host/sigpipe.hpp"
@@ -465,9 +466,6 @@ class GlooComm final : public Comm {
   Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
                     Deadline window, Deadline dl) override;
   std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_); }
-  std::vector<bool> reached(const std::vector<int64_t>& in, const std::function<std::vector<bool>()>& answering);
-  std::string claim_members(Store& store, const std::string& key, const std::vector<int64_t>& in,
-                            const std::vector<bool>& reach, Deadline dl);
   std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
                               Deadline dl) override;
 
@@ -550,109 +548,17 @@ class GlooComm final : public Comm {
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-// Every survivor checks in under the epoch's prefix with its committed iterations, then watches the
-// others' check-ins (the store) and whether their processes still answer (`answering`: the stall
-// inspector's ports, where a dead process refuses at once); when no rank is left to wait for, or at
-// `window`, it proposes the ranks it saw check in. The store keeps the first proposal only (claim),
-// so every survivor adopts the same membership whatever each one saw.
+// The survivors agree through the store (host/membership.hpp); the new Gloo context meets under the
+// membership's prefix.
 Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
                             const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
-  Store& store = *world_->rv.store;
   const std::string base = key_ + ".e" + epoch;
-  auto text = [](const std::string& t) { return std::vector<char>(t.begin(), t.end()); };
-  store.set(base + "/in/" + std::to_string(rank()), text(std::to_string(committed)), dl);
-  const int n = size();
-  std::vector<int64_t> in(static_cast<size_t>(n), -1);
-  std::vector<int> silent(static_cast<size_t>(n), 0);  // asks in a row without an answer
-  uint64_t next_ask = 0;
-  for (;;) {
-    int waiting = 0;
-    for (int r = 0; r < n; ++r) {
-      std::vector<char> v;
-      if (in[static_cast<size_t>(r)] < 0 && store.try_get(base + "/in/" + std::to_string(r), &v, dl))
-        in[static_cast<size_t>(r)] = std::atoll(std::string(v.begin(), v.end()).c_str());
-      if (in[static_cast<size_t>(r)] < 0 && silent[static_cast<size_t>(r)] < 2) ++waiting;
-    }
-    if (waiting == 0 || window.passed()) break;
-    if (dl.passed()) fail(DDP_ERR_TIMEOUT, "rank %d: the ranks did not agree on a membership in time", rank());
-    const uint64_t now = now_ns();
-    if (now >= next_ask) {
-      const std::vector<bool> alive = answering();
-      for (int r = 0; r < n; ++r)
-        silent[static_cast<size_t>(r)] = alive[static_cast<size_t>(r)] ? 0 : silent[static_cast<size_t>(r)] + 1;
-      next_ask = now_ns() + 100 * 1000000ull;
-    } else {
-      std::this_thread::sleep_for(Ms(10));
-    }
-  }
-  std::string view = claim_members(store, base + "/members", in, reached(in, answering), dl);
+  const Agreed a = agree_membership(*world_->rv.store, base, epoch, rank(), size(), committed, answering, window, dl);
   Regrouped g;
-  int me = -1;
-  for (const char* p = view.c_str(); *p;) {
-    char* end = nullptr;
-    const long r = std::strtol(p, &end, 10);
-    const long long c = std::strtoll(end + 1, &end, 10);
-    if (r == rank()) me = static_cast<int>(g.members.size());
-    g.members.push_back(static_cast<int>(r));
-    g.committed.push_back(c);
-    p = *end ? end + 1 : end;
-  }
-  if (me < 0)
-    fail(DDP_ERR_RANK_LOST,
-         "rank %d was left out of membership %s (the others agreed on ranks %s without it: it checked in too "
-         "late); this process cannot rejoin the job",
-         rank(), epoch.c_str(), view.c_str());
-  g.comm.reset(new GlooComm(world_, base + ".c", dl, me, static_cast<int>(g.members.size()), lineage_));
+  g.members = a.members;
+  g.committed = a.committed;
+  g.comm.reset(new GlooComm(world_, base + ".c", dl, a.me, static_cast<int>(a.members.size()), lineage_));
   return g;
-}
-
-// Of the ranks that checked in, those this rank reaches now (the stall inspector's ports, asked twice
-// for a rank silent once): a rank cut off from this one may still have reached the store (a shared
-// file system) and checked in.
-std::vector<bool> GlooComm::reached(const std::vector<int64_t>& in,
-                                    const std::function<std::vector<bool>()>& answering) {
-  std::vector<bool> ok = answering();
-  bool all = true;
-  for (size_t r = 0; r < in.size(); ++r) all = all && (in[r] < 0 || ok[r] || static_cast<int>(r) == rank());
-  if (!all) {
-    const std::vector<bool> again = answering();
-    for (size_t r = 0; r < ok.size(); ++r) ok[r] = ok[r] || again[r];
-  }
-  ok[static_cast<size_t>(rank())] = true;
-  return ok;
-}
-
-// Proposes the ranks that checked in and are reached ("rank:committed ..."): the store keeps the first
-// proposal, which every rank adopts. A rank that reaches no more than half of those that checked in
-// (the smaller side of a cut, or an even split) proposes nothing and adopts the other side's, which
-// leaves it out: so the larger side goes on, and an even split stops at the deadline.
-std::string GlooComm::claim_members(Store& store, const std::string& key, const std::vector<int64_t>& in,
-                                    const std::vector<bool>& reach, Deadline dl) {
-  std::string view;
-  int checked = 0, seen = 0;
-  for (size_t r = 0; r < in.size(); ++r) {
-    if (in[r] < 0) continue;
-    ++checked;
-    if (!reach[r]) continue;
-    ++seen;
-    view += std::to_string(r) + ":" + std::to_string(in[r]) + " ";
-  }
-  std::vector<char> held;
-  if (2 * seen > checked) {
-    if (!store.claim(key, std::vector<char>(view.begin(), view.end()), &held, dl))
-      view.assign(held.begin(), held.end());
-    return view;
-  }
-  try {
-    held = store.get(key, dl, "a membership from the ranks this one cannot reach");
-  } catch (const Error& e) {
-    if (e.status() != DDP_ERR_TIMEOUT) throw;
-    fail(DDP_ERR_TIMEOUT,
-         "rank %d reaches %d of the %d ranks that checked in (the network is split, or they stall): no side holds "
-         "a majority, and no membership was agreed before the deadline",
-         rank(), seen, checked);
-  }
-  return std::string(held.begin(), held.end());
 }
 
 // Rank 0 tells each joiner where the new membership meets (its number and the new world) before

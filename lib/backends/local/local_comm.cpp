@@ -13,6 +13,8 @@
 #include "kernels/elementwise.h"
 #include "host/host_device.hpp"
 #include "host/host_kernels.hpp"
+#include "host/membership.hpp"
+#include "host/store.hpp"
 
 namespace ddp {
 
@@ -67,6 +69,48 @@ class LocalProber final : public Prober {
   int rank_;
 };
 
+// The group's store, in memory: what the ranks of an elastic recovery agree through.
+class MemoryStore final : public Store {
+ public:
+  void set(const std::string& key, const std::vector<char>& value, Deadline) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_[key] = value;
+    cv_.notify_all();
+  }
+  std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto there = [&] { return kv_.count(key) > 0; };
+    if (dl.infinite())
+      cv_.wait(lock, there);
+    else if (!cv_.wait_until(lock, dl.at(), there))
+      fail(DDP_ERR_TIMEOUT, "local group: %s never arrived (key '%s')", who.c_str(), key.c_str());
+    return kv_[key];
+  }
+  bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kv_.find(key);
+    if (it != kv_.end()) {
+      *held = it->second;
+      return false;
+    }
+    kv_[key] = value;
+    cv_.notify_all();
+    return true;
+  }
+  bool try_get(const std::string& key, std::vector<char>* out, Deadline) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return false;
+    *out = it->second;
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::vector<char>> kv_;
+};
+
 }  // namespace
 
 class LocalGroup {
@@ -93,10 +137,20 @@ class LocalGroup {
     std::lock_guard<std::mutex> lock(mu_);
     return std::to_string(++made_[static_cast<size_t>(rank)]);
   }
+  Store& store() { return store_; }
+  // The group of `n` ranks that membership `name` agreed on: made by the first survivor that asks.
+  std::shared_ptr<LocalGroup> successor(const std::string& name, int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& g = successors_[name];
+    if (!g) g = std::make_shared<LocalGroup>(n);
+    return g;
+  }
 
  private:
   int n_;
   std::mutex mu_;
+  MemoryStore store_;
+  std::map<std::string, std::shared_ptr<LocalGroup>> successors_;
   std::map<std::string, std::shared_ptr<Channel>> channels_;
   std::map<std::string, std::shared_ptr<Board>> boards_;
   std::vector<uint64_t> made_;
@@ -223,6 +277,29 @@ class LocalComm final : public Comm {
   void abort() override {
     std::lock_guard<std::mutex> lock(channel_->mu);
     give_up(*channel_, rank_, "its context failed or was destroyed: see that rank's error");
+  }
+
+  // Elastic contexts: a local group is rebuilt over the ranks left, which agree through the group's
+  // store (host/membership.hpp) and meet in a group of their own.
+  bool can_regroup() const override { return true; }
+  void sever() override { severer()(); }
+  std::function<void()> severer() override {
+    std::shared_ptr<Channel> c = channel_;
+    const int rank = rank_;
+    return [c, rank] {
+      std::lock_guard<std::mutex> lock(c->mu);
+      give_up(*c, rank, "a peer was lost: this rank gave up on its communicators");
+    };
+  }
+  Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
+                    Deadline window, Deadline dl) override {
+    const std::string base = key_ + ".e" + epoch;
+    const Agreed a = agree_membership(group_->store(), base, epoch, rank_, size(), committed, answering, window, dl);
+    Regrouped g;
+    g.members = a.members;
+    g.committed = a.committed;
+    g.comm.reset(new LocalComm(group_->successor(base, static_cast<int>(a.members.size())), a.me, "1"));
+    return g;
   }
 
  private:
