@@ -104,7 +104,8 @@ Agreed agree_membership(Store& store, const std::string& base, const std::string
   if (a.me < 0)
     fail(DDP_ERR_RANK_LOST,
          "rank %d was left out of membership %s (the others agreed on ranks %s without it: it checked in too "
-         "late, or it cannot reach them); its context is aborted: to take part again, join as a joiner would (ddp_comm_join_gloo)",
+         "late, or it cannot reach them); its context is aborted: to take part again, join as a joiner would "
+         "(ddp_comm_join_gloo)",
          rank, epoch.c_str(), view.c_str());
   return a;
 }

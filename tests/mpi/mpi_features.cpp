@@ -1192,8 +1192,23 @@ void test_wire_bytes() {
 
 }  // namespace
 
+// Elastic contexts need a communicator that can be rebuilt: MPI (no ULFM) and NCCL refuse by name,
+// on every rank alike (the config is agreed first, so no rank goes on alone).
+void test_elastic_refused() {
+  ddp_config_t cfg;
+  ddp_config_init(&cfg);
+  cfg.elastic = 1;
+  ddp_t d = nullptr;
+  std::string why;
+  const bool ok =
+      expect_status(ddp_create(g_comm, &cfg, &d), DDP_ERR_UNSUPPORTED, "MPI cannot shrink a communicator", &why) &&
+      d == nullptr;
+  record("elastic: refused by name over this communicator (it cannot be rebuilt)", ok, why);
+}
+
 int main(int argc, char** argv) {
   const char* label = start(&argc, &argv, "mpi-features", "mpi-nccl-features");
+  test_elastic_refused();
   const uint64_t seed = shared_seed(argc, argv, 20261204);
   test_host_collectives(seed);
   test_join(seed + 1);

@@ -125,7 +125,8 @@ void rank_run(const LocalScenario& s, ddp_local_group_t group, int id, Outcome* 
     std::vector<void*> bufs;
     std::vector<size_t> counts;
     std::vector<ddp_dtype_t> types;
-    for (size_t g = 0; g < ng; ++g) bufs.push_back(params[g].data()), counts.push_back(s.sizes[g]), types.push_back(DDP_F32);
+    for (size_t g = 0; g < ng; ++g)
+      bufs.push_back(params[g].data()), counts.push_back(s.sizes[g]), types.push_back(DDP_F32);
     if ((st = ddp_broadcast(d, bufs.data(), counts.data(), types.data(), static_cast<int>(ng), m.source, nullptr)))
       return failed("broadcast", st);
     for (; step < m.committed; ++step) {  // committed by the old world without this rank
