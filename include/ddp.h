@@ -258,8 +258,8 @@ DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int ran
  * ddp_recover: it asks the job to admit this process and waits up to `timeout_ms` (0: forever) for
  * the job's next step boundary (the job's ranks notice the request within about 100 ms, agree on it
  * in their next synced iteration, and admit it at the one after). Every other call of that context
- * answers DDP_ERR_RANK_JOINING until then. The join goes to contexts made over the job's first
- * Gloo communicator (its n-th communicator joins those over the job's n-th). */
+ * answers DDP_ERR_RANK_JOINING until then. The join goes to the context made over the job's first
+ * Gloo communicator (one elastic context per job admits joiners). */
 DDP_API ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp_comm_t* comm);
 
 /* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process

@@ -61,6 +61,9 @@ class Stream {
   // The stall warning: drain calls `warn` (without holding the stream's locks) once for each task
   // (host) or each drain (GPU) still waiting after `ms` (0: never), and goes on waiting.
   virtual void set_stall_warning(int64_t ms, std::function<void()> warn) {}
+  // The peer watch (elastic contexts): while a task is blocked in a collective, drain calls `check`
+  // (without holding the stream's locks) every `ms` milliseconds (0: never), and goes on waiting.
+  virtual void set_peer_watch(int64_t ms, std::function<void()> check) {}
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native() = 0;
   // `src` just enqueued work on this stream that must complete by `dl`: the stream polls it for
@@ -351,7 +354,7 @@ class Comm {
   // row), or at `window` (the late are left out). Every rank that checked in adopts the one membership set first (so
   // all agree); one left out of it gets DDP_ERR_RANK_LOST. Throws DDP_ERR_TIMEOUT at `dl`.
   virtual Regrouped regroup(const std::string& epoch, int64_t committed,
-                            const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
+                            const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) {
     fail(DDP_ERR_UNSUPPORTED, "this communicator cannot be rebuilt over fewer ranks");
   }
   // Joins. The job's join requests for contexts over this communicator's lineage (its duplicates and

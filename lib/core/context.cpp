@@ -69,6 +69,8 @@ void Context::attach(Comm& comm) {
   if (cfg_.c.timeout_ms > 0 && stall_ms_ >= cfg_.c.timeout_ms) stall_ms_ = 0;  // the timeout comes first
   for (int i = 0; i < cfg_.c.num_streams; ++i)
     streams_[static_cast<size_t>(i)]->set_stall_warning(stall_ms_, [this, i] { stall_warning(i); });
+  if (cfg_.c.elastic)
+    for (auto& s : streams_) s->set_peer_watch(kPeerWatchMs, [this] { watch_peers(); });
 }
 
 Context::~Context() {

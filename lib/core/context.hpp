@@ -107,6 +107,10 @@ class Context {
   std::string picture(int64_t wait_ms);
   void wire_totals(bool own, uint64_t out[2]) const;
   void stall_warning(int stream);
+  // Elastic: while a bucket waits, whether its peers still answer (inspector.cpp).
+  static constexpr int64_t kPeerWatchMs = 1000;
+  void watch_peers();
+  std::vector<int> silent_;  // per rank: peer watches in a row without an answer
   void set_call(Call c) { progress_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
   // Sets the call a rank reports itself in for a scope; restores `after` (default: the one before).
   class CallScope {

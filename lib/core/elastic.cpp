@@ -138,12 +138,12 @@ Regrouped Context::agree_members(Deadline window, Deadline dl) {
   Prober* prober = prober_.get();
   const int old_world = world_;
   auto answering = [prober, old_world] {
-    std::vector<bool> alive(static_cast<size_t>(old_world), true);
+    std::vector<Liveness> alive(static_cast<size_t>(old_world), Liveness::Alive);
     if (!prober) return alive;
     // A live rank answers from its inspector thread within milliseconds; a cut-off one never does,
-    // and each ask for it costs the whole wait (twice before it is taken for gone).
+    // and each ask for it costs the whole wait.
     const std::vector<Position> pos = prober->ask(150);
-    for (size_t r = 0; r < alive.size() && r < pos.size(); ++r) alive[r] = pos[r].iteration >= 0;
+    for (size_t r = 0; r < alive.size() && r < pos.size(); ++r) alive[r] = liveness_of(pos[r]);
     return alive;
   };
   try {

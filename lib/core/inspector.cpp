@@ -1,6 +1,8 @@
 // The stall inspector (its vocabulary: core/inspector.hpp): this rank's position, the picture of every
 // rank's (gathered by the communicator's prober, which never waits on a rank that does not answer),
 // the stall warning, and the plan and summaries DDP_DEBUG=INFO asks for.
+#include <algorithm>
+
 #include "core/context.hpp"
 #include "core/log.hpp"
 
@@ -121,6 +123,29 @@ void Context::log_summary() {
       rank_, static_cast<unsigned long long>(iterations_),
       static_cast<unsigned long long>(stats_.buckets_reduced.load()), stats_.bytes_reduced.load() / 1e6,
       last_exposed_ns_ / 1e6, iterations_ ? exposed_ns_ / 1e6 / static_cast<double>(iterations_) : 0.0);
+}
+
+// A rank silent in two watches in a row (or whose port refused: its process is gone) is taken for lost: this rank
+// closes its connections (as a bucket worker does when its collective fails), so that its own wait ends now and the
+// loss reaches every rank, rather than at timeout_ms. (A send to a dead peer can wait for its whole timeout, and a cut
+// link closes nothing.)
+void Context::watch_peers() {
+  if (!prober_ || !reducer_env_.on_failure) return;
+  const std::vector<Position> pos = prober_->ask(500);
+  silent_.resize(pos.size(), 0);
+  int gone = -1;
+  for (size_t r = 0; r < pos.size(); ++r) {
+    const Liveness l = liveness_of(pos[r]);
+    silent_[r] = l == Liveness::Alive ? 0 : l == Liveness::Gone ? 2 : silent_[r] + 1;  // refused: at once
+    if (silent_[r] >= 2 && gone < 0) gone = static_cast<int>(r);
+  }
+  if (gone < 0) return;
+  std::fill(silent_.begin(), silent_.end(), 0);
+  log(DDP_LOG_WARN,
+      "libddp: rank %d: rank %d does not answer (its process is gone, or it is cut off): this rank gives up on it "
+      "and closes its connections",
+      rank_, gone);
+  reducer_env_.on_failure();
 }
 
 }  // namespace ddp

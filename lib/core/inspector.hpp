@@ -31,12 +31,19 @@ enum class Call : int32_t {
   Barrier
 };
 struct Position {
-  int64_t iteration = -1;  // -1: the rank did not answer
+  int64_t iteration = -1;  // -1: the rank did not answer; -2: its port refused (the process is gone)
   int32_t call = 0;
   int32_t launched = 0, done = 0, buckets = 0;
   int64_t calls = 0;  // control-path exchanges entered (ddp_commit, host collectives, barriers, votes)
 };
 static_assert(sizeof(Position) == 32, "Position travels as 32 bytes");
+
+// What asking a rank said (elastic contexts): it answered; it did not answer in time (dead, stuck or
+// cut off: nobody can tell); or nothing listens on its port (its process is gone).
+enum class Liveness : int8_t { Alive, Silent, Gone };
+inline Liveness liveness_of(const Position& p) {
+  return p.iteration >= 0 ? Liveness::Alive : p.iteration == -2 ? Liveness::Gone : Liveness::Silent;
+}
 
 // Asks every rank of a communicator where it stands, never blocking on one that does not answer.
 // Made collectively (Comm::make_prober); each rank's prober answers the others in the background,

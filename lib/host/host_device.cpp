@@ -33,6 +33,9 @@ struct WorkerState {
   int64_t stall_ms = 0;  // the stall warning (0: none)
   std::function<void()> stall_warn;
   uint64_t warned_task = UINT64_MAX;  // `finished` when the running task was warned about
+  int64_t watch_ms = 0;               // the peer watch (0: none)
+  std::function<void()> watch;
+  std::chrono::steady_clock::time_point watched_at;  // its last call
   std::exception_ptr error;
   std::shared_ptr<std::atomic<bool>> device_abandoned;
 };
@@ -133,6 +136,11 @@ class HostStream final : public Stream {
     st_->stall_ms = ms;
     st_->stall_warn = std::move(warn);
   }
+  void set_peer_watch(int64_t ms, std::function<void()> check) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->watch_ms = ms;
+    st_->watch = std::move(check);
+  }
   void* native() override { return nullptr; }
   void cancel() override {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -180,11 +188,22 @@ void HostStream::drain(Deadline deadline) {
     const bool warn = w.stall_ms > 0 && w.running && w.warned_task != w.finished && w.stall_warn;
     const auto warn_at = add_ms_saturated(w.task_start, w.stall_ms);
     if (warn) until = std::min(until, warn_at);
+    const bool watching = w.watch_ms > 0 && w.running && w.blocked && w.watch;
+    const auto watch_at = add_ms_saturated(std::max(w.task_start, w.watched_at), w.watch_ms);
+    if (watching) until = std::min(until, watch_at);
     if (until == Deadline::Clock::time_point::max()) {
       w.done_cv.wait(lock);
       continue;
     }
     if (w.done_cv.wait_until(lock, until) != std::cv_status::timeout) continue;
+    if (watching && Deadline::Clock::now() >= watch_at && w.running && w.blocked) {
+      w.watched_at = Deadline::Clock::now();
+      std::function<void()> cb = w.watch;
+      lock.unlock();
+      cb();
+      lock.lock();
+      continue;
+    }
     if (warn && Deadline::Clock::now() >= warn_at && w.running && w.warned_task != w.finished) {
       w.warned_task = w.finished;  // once per task
       std::function<void()> cb = w.stall_warn;

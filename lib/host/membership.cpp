@@ -1,5 +1,6 @@
 #include "host/membership.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -13,7 +14,8 @@ std::vector<char> bytes(const std::string& t) { return std::vector<char>(t.begin
 // The check-ins: in[r] is the iterations rank r committed, -1 while it has not checked in. Returns
 // when every rank checked in or was silent for two asks in a row, or at `window`.
 std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int rank, int n,
-                                    const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
+                                    const std::function<std::vector<Liveness>()>& answering, Deadline window,
+                                    Deadline dl) {
   std::vector<int64_t> in(static_cast<size_t>(n), -1);
   std::vector<int> silent(static_cast<size_t>(n), 0);  // asks in a row without an answer
   uint64_t next_ask = 0;
@@ -23,14 +25,15 @@ std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int r
       std::vector<char> v;
       if (in[r] < 0 && store.try_get(base + "/in/" + std::to_string(r), &v, dl))
         in[r] = std::atoll(std::string(v.begin(), v.end()).c_str());
-      if (in[r] < 0 && silent[r] < 2) ++waiting;
+      if (in[r] < 0 && silent[r] < 2) ++waiting;  // (one refused ask suffices: see below)
     }
     if (waiting == 0 || window.passed()) return in;
     if (dl.passed()) fail(DDP_ERR_TIMEOUT, "rank %d: the ranks did not agree on a membership in time", rank);
     const uint64_t now = now_ns();
     if (now >= next_ask) {
-      const std::vector<bool> alive = answering();
-      for (size_t r = 0; r < silent.size(); ++r) silent[r] = alive[r] ? 0 : silent[r] + 1;
+      const std::vector<Liveness> alive = answering();
+      for (size_t r = 0; r < silent.size(); ++r)
+        silent[r] = alive[r] == Liveness::Alive ? 0 : alive[r] == Liveness::Gone ? 2 : silent[r] + 1;
       next_ask = now_ns() + 100 * 1000000ull;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -38,36 +41,36 @@ std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int r
   }
 }
 
-// Of the ranks that checked in, those this rank reaches now (asked twice for a rank silent once): a
-// rank cut off from this one may still have reached the store (a shared file system) and checked in.
-std::vector<bool> reached(const std::vector<int64_t>& in, int rank,
-                          const std::function<std::vector<bool>()>& answering) {
-  std::vector<bool> ok = answering();
-  bool all = true;
-  for (size_t r = 0; r < in.size(); ++r) all = all && (in[r] < 0 || ok[r] || static_cast<int>(r) == rank);
-  if (!all) {
-    const std::vector<bool> again = answering();
-    for (size_t r = 0; r < ok.size(); ++r) ok[r] = ok[r] || again[r];
+// Every rank as this one sees it now (asked twice when one is silent): a rank cut off from this one
+// may still have reached the store (a shared file system) and checked in.
+std::vector<Liveness> reached(int rank, const std::function<std::vector<Liveness>()>& answering) {
+  std::vector<Liveness> now = answering();
+  if (std::find(now.begin(), now.end(), Liveness::Silent) != now.end()) {
+    const std::vector<Liveness> again = answering();
+    for (size_t r = 0; r < now.size(); ++r)
+      if (again[r] != Liveness::Silent) now[r] = again[r];
   }
-  ok[static_cast<size_t>(rank)] = true;
-  return ok;
+  now[static_cast<size_t>(rank)] = Liveness::Alive;
+  return now;
 }
 
-// Proposes the ranks that checked in and are reached ("rank:committed ..."), or, on the smaller side
-// of a cut (or an even split), waits for the other side's proposal; returns the one the store kept.
+// Proposes the ranks that checked in and are reached ("rank:committed ..."), or, when they are no
+// more than half of the ranks not known to be gone (the smaller side of a cut, or an even split),
+// waits for the other side's proposal; returns the one the store kept. (A rank that ended its own
+// recovery already shows as gone: its proposal is in the store.)
 std::string claim_members(Store& store, const std::string& key, int rank, const std::vector<int64_t>& in,
-                          const std::vector<bool>& reach, Deadline dl) {
+                          const std::vector<Liveness>& reach, Deadline dl) {
   std::string view;
-  int checked = 0, seen = 0;
+  int counted = 0, seen = 0;
   for (size_t r = 0; r < in.size(); ++r) {
-    if (in[r] < 0) continue;
-    ++checked;
-    if (!reach[r]) continue;
+    if (reach[r] == Liveness::Gone) continue;
+    ++counted;
+    if (in[r] < 0 || reach[r] != Liveness::Alive) continue;
     ++seen;
     view += std::to_string(r) + ":" + std::to_string(in[r]) + " ";
   }
   std::vector<char> held;
-  if (2 * seen > checked) {
+  if (2 * seen > counted) {
     if (!store.claim(key, bytes(view), &held, dl)) view.assign(held.begin(), held.end());
     return view;
   }
@@ -76,9 +79,9 @@ std::string claim_members(Store& store, const std::string& key, int rank, const 
   } catch (const Error& e) {
     if (e.status() != DDP_ERR_TIMEOUT) throw;
     fail(DDP_ERR_TIMEOUT,
-         "rank %d reaches %d of the %d ranks that checked in (the network is split, or they stall): no side holds "
+         "rank %d reaches %d of the %d ranks still there (the network is split, or they stall): no side holds "
          "a majority, and no membership was agreed before the deadline",
-         rank, seen, checked);
+         rank, seen, counted);
   }
   return std::string(held.begin(), held.end());
 }
@@ -86,11 +89,11 @@ std::string claim_members(Store& store, const std::string& key, int rank, const 
 }  // namespace
 
 Agreed agree_membership(Store& store, const std::string& base, const std::string& epoch, int rank, int size,
-                        int64_t committed, const std::function<std::vector<bool>()>& answering, Deadline window,
+                        int64_t committed, const std::function<std::vector<Liveness>()>& answering, Deadline window,
                         Deadline dl) {
   store.set(base + "/in/" + std::to_string(rank), bytes(std::to_string(committed)), dl);
   const std::vector<int64_t> in = wait_check_ins(store, base, rank, size, answering, window, dl);
-  const std::string view = claim_members(store, base + "/members", rank, in, reached(in, rank, answering), dl);
+  const std::string view = claim_members(store, base + "/members", rank, in, reached(rank, answering), dl);
   Agreed a;
   for (const char* p = view.c_str(); *p;) {
     char* end = nullptr;

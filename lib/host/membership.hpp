@@ -3,9 +3,9 @@
 // (`answering`: the stall inspector's ports, where a dead process refuses at once) or until `window`
 // (the live but late are left out), then proposes the ranks it saw check in and still reaches; the
 // store keeps the first proposal (claim), so every rank adopts the same membership whatever each one
-// saw. A rank that reaches no more than half of those that checked in proposes nothing: the larger
-// side of a cut goes on. Used by the communicators that can be rebuilt (Gloo over its rendezvous
-// store, local groups over an in-memory one).
+// saw. A rank that reaches no more than half of the ranks not known to be gone (their ports refuse)
+// proposes nothing: on a cut link, the larger side goes on and the smaller one is left out. Used by the communicators
+// that can be rebuilt (Gloo over its rendezvous store, local groups over an in-memory one).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/inspector.hpp"
 #include "host/store.hpp"
 
 namespace ddp {
@@ -26,7 +27,7 @@ struct Agreed {
 // Rank `rank` of `size` agrees on membership `epoch` under the store prefix `base`. Throws
 // DDP_ERR_RANK_LOST when the others agreed without this rank, DDP_ERR_TIMEOUT at `dl`.
 Agreed agree_membership(Store& store, const std::string& base, const std::string& epoch, int rank, int size,
-                        int64_t committed, const std::function<std::vector<bool>()>& answering, Deadline window,
+                        int64_t committed, const std::function<std::vector<Liveness>()>& answering, Deadline window,
                         Deadline dl);
 
 }  // namespace ddp

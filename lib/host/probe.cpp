@@ -52,7 +52,9 @@ class SocketProber final : public Prober {
   static Position ask_one(const Peer& p, uint64_t seq, Deadline dl) {
     Position none;
     try {
-      tcp::Socket s = tcp::try_connect(p.host, p.port, dl);
+      bool refused = false;
+      tcp::Socket s = tcp::try_connect(p.host, p.port, dl, &refused);
+      if (refused) none.iteration = -2;  // nothing listens there: the process is gone
       if (!s.valid()) return none;
       tcp::send_all(s, &seq, sizeof seq, dl, "ask");
       Answer a{};

@@ -116,7 +116,8 @@ bool hung_up(const Socket& s) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
 }
 
-Socket try_connect(const std::string& host, int port, Deadline dl) {
+Socket try_connect(const std::string& host, int port, Deadline dl, bool* refused) {
+  if (refused) *refused = false;
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -128,12 +129,13 @@ Socket try_connect(const std::string& host, int port, Deadline dl) {
     if (!s.valid()) continue;
     set_nonblocking(s.fd());
     int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
+    int err = rc == 0 ? 0 : errno;
     if (rc != 0 && errno == EINPROGRESS && wait_fd(s.fd(), POLLOUT, dl)) {
-      int err = 0;
       socklen_t len = sizeof err;
       ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
       rc = err == 0 ? 0 : -1;
     }
+    if (rc != 0 && err == ECONNREFUSED && refused) *refused = true;
     if (rc == 0) out = std::move(s);
   }
   ::freeaddrinfo(res);

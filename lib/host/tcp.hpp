@@ -46,7 +46,8 @@ bool hung_up(const Socket& s);
 // listening rank may start later). Throws DDP_ERR_TIMEOUT at the deadline, naming `what`.
 Socket connect_to(const std::string& host, int port, Deadline dl, const std::string& what);
 // One connection attempt that gives up at the deadline or at the first refusal: an invalid Socket.
-Socket try_connect(const std::string& host, int port, Deadline dl);
+// *refused (may be NULL): whether the host answered that nothing listens on the port.
+Socket try_connect(const std::string& host, int port, Deadline dl, bool* refused = nullptr);
 
 // Sends or receives exactly `n` bytes by the deadline. Throws DDP_ERR_TIMEOUT at the deadline and
 // when the peer closed the connection, naming `what`.

@@ -497,18 +497,29 @@ TEST_CASE("gloo: Gloo's failed checks are not reported as timeouts") {
 #endif
 }
 
+// A file store of its own and an elastic config, for the join tests; the store removed at the end.
+struct JoinScene {
+  std::string dir, method;
+  ddp_config_t cfg;
+  JoinScene() {
+    char tmpl[] = "/tmp/ddp-join-XXXXXX";
+    dir = mkdtemp(tmpl);
+    method = "file://" + dir;
+    ddp_config_init(&cfg);
+    cfg.elastic = 1;
+    cfg.timeout_ms = 20000;
+  }
+  ~JoinScene() { std::system(("rm -rf " + dir).c_str()); }
+};
+
 // Elastic joins inside one process: two ranks (threads) train over file://; a joiner whose grads
 // differ is refused with the job's reason and may ask again; once it registers the job's grads it
 // is admitted at a step boundary, takes the state of membership.source and reduces with the others.
 TEST_CASE("elastic joins: a joiner is refused by reason, asks again, is admitted and reduces with the job") {
   if (!have_gloo()) return;
-  char tmpl[] = "/tmp/ddp-join-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const std::string method = "file://" + dir;
-  ddp_config_t cfg;
-  ddp_config_init(&cfg);
-  cfg.elastic = 1;
-  cfg.timeout_ms = 20000;
+  const JoinScene scene;
+  const std::string& method = scene.method;
+  ddp_config_t cfg = scene.cfg;
   const size_t na = 3000, nb = 7;
   std::atomic<bool> joined{false};
   std::vector<std::string> errors;
@@ -628,7 +639,6 @@ TEST_CASE("elastic joins: a joiner is refused by reason, asks again, is admitted
   for (const std::string& e : errors) MESSAGE(e);
   CHECK(errors.empty());
   CHECK(joined.load());
-  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("elastic joins: a joiner that no job admits times out, saying what it waited for") {
@@ -651,4 +661,73 @@ TEST_CASE("elastic joins: a joiner that no job admits times out, saying what it 
   ddp_comm_destroy(c);
   expect(ddp_comm_join_gloo(nullptr, 100, nullptr), DDP_ERR_INVALID_ARGUMENT, "comm");
   std::system(("rm -rf " + dir).c_str());
+}
+
+// Two processes (threads here) join a job of two at once, without a loss: the job grows to four, in
+// one admission or two, and every rank reduces the same values as the others from then on.
+TEST_CASE("elastic joins: two joiners grow a job of two to four") {
+  if (!have_gloo()) return;
+  const JoinScene scene;
+  const std::string& method = scene.method;
+  ddp_config_t cfg = scene.cfg;
+  cfg.layout = DDP_LAYOUT_ARENA;
+  const size_t n = 5000;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<std::vector<float>> finals(4);
+  // `who` is the thread's identity: 0 and 1 start the job, 2 and 3 join it. Each grad holds who + 1.
+  auto run = [&](int who) {
+    auto complain = [&](const char* what) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(std::to_string(who) + ": " + what + ": " + ddp_last_error());
+    };
+    ddp_comm_t c = nullptr;
+    const ddp_status_t made = who < 2 ? ddp_comm_init_gloo_timeout(method.c_str(), who, 2, 20000, &c)
+                                      : ddp_comm_join_gloo(method.c_str(), 20000, &c);
+    ddp_t d = nullptr;
+    int g = 0;
+    if (made || ddp_create(c, &cfg, &d) || ddp_register_grad(d, nullptr, n, DDP_F32, 0, &g)) return complain("create");
+    int world = 2;
+    std::vector<float> state(3, 0.0f);  // stands for the model: every rank ends with the same
+    auto change = [&] {
+      ddp_membership_t m;
+      if (ddp_recover(d, &m, nullptr, 0)) return false;
+      void* buf = state.data();
+      const size_t count = state.size();
+      const ddp_dtype_t f32 = DDP_F32;
+      world = m.world;
+      return ddp_broadcast(d, &buf, &count, &f32, 1, m.source, nullptr) == DDP_SUCCESS;
+    };
+    if (who >= 2 && !change()) return complain("admission");
+    int steps_at_four = 0;
+    for (int it = 0; it < 3000 && steps_at_four < 4; ++it) {
+      ddp_status_t st = ddp_begin_backward(d, nullptr);
+      if (st == DDP_ERR_RANK_JOINING) {
+        if (!change()) return complain("recover");
+        continue;
+      }
+      float* p = nullptr;
+      if (st || ddp_grad_ptr(d, g, reinterpret_cast<void**>(&p))) return complain("begin");
+      std::fill(p, p + n, static_cast<float>(who + 1));
+      if (ddp_grad_ready(d, g) || ddp_finish_backward(d, nullptr) || ddp_grad_ptr(d, g, reinterpret_cast<void**>(&p)))
+        return complain("step");
+      const float want = world == 4 ? 2.5f : world == 3 ? 2.0f : 1.5f;  // the mean of 1..world
+      if (p[0] != want || p[n - 1] != want) return complain("the mean");
+      for (float& x : state) x += p[0];
+      if (world == 4) ++steps_at_four;
+      if (world < 4) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    finals[static_cast<size_t>(who)] = state;
+    if (world != 4) errors.push_back(std::to_string(who) + ": ended in a world of " + std::to_string(world));
+    ddp_destroy(d);
+    ddp_comm_destroy(c);
+  };
+  std::thread a(run, 0), b(run, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread j1(run, 2), j2(run, 3);
+  a.join(), b.join(), j1.join(), j2.join();
+  for (const std::string& e : errors) MESSAGE(e);
+  CHECK(errors.empty());
+  for (int r = 1; r < 4; ++r) CHECK(finals[static_cast<size_t>(r)] == finals[0]);
 }

@@ -463,8 +463,8 @@ class GlooComm final : public Comm {
       link->abort_waits();  // and so do this rank's own
     };
   }
-  Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
-                    Deadline window, Deadline dl) override;
+  Regrouped regroup(const std::string& epoch, int64_t committed,
+                    const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) override;
   std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_); }
   std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
                               Deadline dl) override;
@@ -551,7 +551,7 @@ class GlooComm final : public Comm {
 // The survivors agree through the store (host/membership.hpp); the new Gloo context meets under the
 // membership's prefix.
 Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
-                            const std::function<std::vector<bool>()>& answering, Deadline window, Deadline dl) {
+                            const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) {
   const std::string base = key_ + ".e" + epoch;
   const Agreed a = agree_membership(*world_->rv.store, base, epoch, rank(), size(), committed, answering, window, dl);
   Regrouped g;
@@ -698,11 +698,12 @@ std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size
   return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl, w->rv.rank, w->rv.size));
 }
 
+// Every joiner asks the contexts made over the job's first communicator ("c0": what a rank's first
+// ddp_comm_init_gloo makes), however many joiners one process holds.
 std::unique_ptr<Comm> make_gloo_join_comm(const char* init_method, int64_t timeout_ms) {
   const Deadline dl = Deadline::after_ms(timeout_ms);
   std::shared_ptr<GlooWorld> w = open_world(init_method, -1, 0, timeout_ms, dl, true);
-  const int n = w->comms++;
-  return std::unique_ptr<Comm>(new GlooJoiningComm(w, "c" + std::to_string(n)));
+  return std::unique_ptr<Comm>(new GlooJoiningComm(w, "c0"));
 }
 
 bool have_gloo() { return true; }

@@ -59,8 +59,12 @@ class LocalProber final : public Prober {
   std::vector<Position> ask(int64_t) override {
     std::lock_guard<std::mutex> lock(board_->mu);
     std::vector<Position> out(board_->mine.size());
-    for (size_t r = 0; r < out.size(); ++r)
-      if (board_->mine[r]) out[r] = board_->mine[r]();
+    for (size_t r = 0; r < out.size(); ++r) {
+      if (board_->mine[r])
+        out[r] = board_->mine[r]();
+      else
+        out[r].iteration = -2;  // that rank's context is gone
+    }
     return out;
   }
 
@@ -291,8 +295,8 @@ class LocalComm final : public Comm {
       give_up(*c, rank, "a peer was lost: this rank gave up on its communicators");
     };
   }
-  Regrouped regroup(const std::string& epoch, int64_t committed, const std::function<std::vector<bool>()>& answering,
-                    Deadline window, Deadline dl) override {
+  Regrouped regroup(const std::string& epoch, int64_t committed,
+                    const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) override {
     const std::string base = key_ + ".e" + epoch;
     const Agreed a = agree_membership(group_->store(), base, epoch, rank_, size(), committed, answering, window, dl);
     Regrouped g;
