@@ -8,6 +8,7 @@
 // it (Comm::admit on the ranks, Comm::join on the joiner) and rebuilds the context over everyone.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/context.hpp"
 #include "core/log.hpp"
@@ -287,8 +288,17 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
   const int64_t t = cfg_.c.timeout_ms;
   const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
   std::string note;
-  std::unique_ptr<Comm> comm = base_->join(
-      join_request(join_terms(cfg_, Memory::Host, specs_, static_cast<bool>(hook_))), &note, Deadline::never());
+  std::unique_ptr<Comm> comm;
+  try {
+    comm = base_->join(join_request(join_terms(cfg_, Memory::Host, specs_, static_cast<bool>(hook_))), &note,
+                       Deadline::never());
+  } catch (const Error& e) {
+    // Refused, or no answer in time: as it is. Anything else (the job gave up on this admission and
+    // closed what it had made: another joiner of it never came) is one more try to make.
+    const bool refused = std::strstr(e.what(), "refused this process") != nullptr;
+    if (e.status() == DDP_ERR_TIMEOUT || refused) throw;
+    fail(DDP_ERR_TIMEOUT, "the admission did not complete (call ddp_recover again to ask again): %s", e.what());
+  }
   std::unique_ptr<Comm> joiner = std::move(base_);
   try {
     joining_ = false;

@@ -627,10 +627,14 @@ class GlooJoiningComm final : public Comm {
     if (std::sscanf(a.c_str() + 1, "%511s %d %d %n", key, &rank, &world, &used) != 3 || rank < 0 || rank >= world)
       fail(DDP_ERR_INTERNAL, "a malformed admission: '%s'", a.c_str());
     *note = a.substr(1 + static_cast<size_t>(used));
-    return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank, world, lineage_));
+    // The job waits 10 s for its joiners to arrive, then goes on without them if one never came (another
+    // joiner of the same admission died): this one then asks again rather than wait out its own bound.
+    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(kArriveMs));
+    return std::unique_ptr<Comm>(new GlooComm(world_, key, arrive, rank, world, lineage_));
   }
 
  private:
+  static constexpr int64_t kArriveMs = 15000;
   [[noreturn]] static void not_admitted() {
     fail(DDP_ERR_INVALID_STATE, "a joiner's communicator has no ranks until the job admits it (ddp_recover)");
   }
