@@ -492,6 +492,10 @@ TEST_CASE("gloo: Gloo's failed checks are not reported as timeouts") {
   CHECK(msg.find("136 vs 68") != std::string::npos);
   CHECK(status_of(gloo::IoException("Timed out waiting 1000ms for recv operation"), &msg) == DDP_ERR_TIMEOUT);
   CHECK(msg.find("Timed out waiting") != std::string::npos);
+  // The transport's check on a socket closed under it (a peer died while this rank posted to it).
+  CHECK(status_of(gloo::EnforceNotMet("loop.cc", 68, "rv != -1", "-1 vs -1. epoll_ctl: Bad file descriptor"), &msg) ==
+        DDP_ERR_TIMEOUT);
+  CHECK(msg.find("a peer's connection closed under it") != std::string::npos);
   CHECK(status_of(std::runtime_error("odd"), &msg) == DDP_ERR_INTERNAL);
   CHECK(msg.find("rank 1 of 3: Gloo all-gather failed: odd") != std::string::npos);
 #endif

@@ -229,7 +229,9 @@ class GlooRingLink final : public host::RingLink {
 // A failure of a peer's connection or a wait (Gloo's IoException) is fatal to the context and
 // reported as a timeout naming what was waited for; a failed check of Gloo's (EnforceNotMet: the
 // ranks disagree on the world or a collective's sizes) is DDP_ERR_MISMATCH; anything else
-// DDP_ERR_INTERNAL. Neither of the last two is labelled a timeout.
+// DDP_ERR_INTERNAL. Neither of the last two is labelled a timeout. One check is the transport's own:
+// its event loop refused a connection whose socket had just been closed (a peer died while this rank
+// posted to it): that is the peer's loss, reported as the connection failures are.
 void rethrow_gloo_failure(int rank, int size, const std::string& what) {
   try {
     throw;
@@ -239,6 +241,9 @@ void rethrow_gloo_failure(int rank, int size, const std::string& what) {
          "different collective): %s",
          rank, size, what.c_str(), e.what());
   } catch (const gloo::EnforceNotMet& e) {
+    if (std::strstr(e.what(), "epoll_ctl") != nullptr)
+      fail(DDP_ERR_TIMEOUT, "rank %d of %d: Gloo %s failed (a peer's connection closed under it: a rank died): %s",
+           rank, size, what.c_str(), e.what());
     fail(DDP_ERR_MISMATCH,
          "rank %d of %d: Gloo %s failed a consistency check (the ranks disagree on the world size or on a "
          "collective's sizes): %s",
