@@ -76,6 +76,7 @@ class Context {
   std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
   void rebuild(std::unique_ptr<Comm> comm, Deadline dl);
+  Deadline membership_deadline() const;
   // The communicators, streams, prober and reducer of the generation that ends, dropped.
   void retire();
   // Elastic joins (elastic.cpp): a joiner's admission; the admission of the joiners the ranks agreed on.

@@ -79,7 +79,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
     }
   }
   // Ranks alive but late are waited for up to timeout_ms; the whole agreement ends within twice that.
-  const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+  const Deadline dl = membership_deadline();
   const int old_rank = rank_, old_world = world_;
   Regrouped g = agree_members(Deadline::after_ms(t), dl);
   rebuild(std::move(g.comm), dl);
@@ -159,6 +159,13 @@ Regrouped Context::agree_members(Deadline window, Deadline dl) {
   }
 }
 
+// What a membership change may take: twice timeout_ms (the live but late are waited for up to
+// timeout_ms, then the agreement and the rebuild have as much again).
+Deadline Context::membership_deadline() const {
+  const int64_t t = cfg_.c.timeout_ms;
+  return Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+}
+
 void Context::retire() {
   join_watch_.reset();
   reducer_.reset();
@@ -219,8 +226,7 @@ void Context::watch_joins() {
 // every rank made it is asked on the old one: where any did not (a joiner died on the way), every rank
 // goes on as it was.
 void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity) {
-  const int64_t t = cfg_.c.timeout_ms;
-  const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+  const Deadline dl = membership_deadline();
   const int64_t from = admitted_upto_, upto = pending_upto_;
   std::vector<int64_t> wire(static_cast<size_t>(upto - from) + 1, 0);
   std::shared_ptr<JoinDesk> desk = ctrl_->join_desk();
@@ -285,8 +291,7 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
   if (specs_.empty())
     fail(DDP_ERR_INVALID_STATE,
          "register the grads before ddp_recover: the job admits a joiner whose grads match its own");
-  const int64_t t = cfg_.c.timeout_ms;
-  const Deadline dl = Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+  const Deadline dl = membership_deadline();
   std::string note;
   std::unique_ptr<Comm> comm;
   try {
