@@ -160,6 +160,19 @@ class Device {
                                 Stream& s) {
     fail(DDP_ERR_UNSUPPORTED, "this device has no int8 wire");
   }
+  // The same for an all-gather round of the copy layout with no staging pass: int8_quantize_grads
+  // quantizes the elements `span` of the table as pack would write them (scaled by `pre`, zeros for
+  // zero segments) with `residual` (the span's errors) into `chunk`, laid out for the span's length;
+  // int8_dequant_grads writes the sum of `world` such chunks into the span's grads as unpack would
+  // (scaled by `post`). The bits are those of pack, int8_quantize, int8_dequant_sum and unpack.
+  virtual void int8_quantize_grads(SegmentTable& table, Dtype d, double pre, Span span, float* residual, void* chunk,
+                                   Stream& s) {
+    fail(DDP_ERR_UNSUPPORTED, "this device has no int8 wire");
+  }
+  virtual void int8_dequant_grads(const void* chunks, size_t chunk_bytes, int world, Span span, SegmentTable& table,
+                                  Dtype d, double post, Stream& s) {
+    fail(DDP_ERR_UNSUPPORTED, "this device has no int8 wire");
+  }
   // Completion marks, one per slot (a bucket's parameter gather): mark records where `s` stands now,
   // user_wait_mark makes the user's stream wait for it. GPU only: host streams finish their tasks on
   // workers, and the reducer waits for those itself.

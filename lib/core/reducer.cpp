@@ -286,51 +286,43 @@ void Reducer::int8_allreduce(int b, void* buf, size_t n) {
 // The all-gather in rounds of p.int8_piece elements (whole blocks, so the bits are those of the
 // whole bucket's): round k's chunks in one of two halves of the stream's buffer, alternately, so
 // that the comm can quantize round k + 1 and sum round k - 1 while round k is on the wire. Each round
-// packs (or pre-scales) its elements just before quantizing them and unpacks (or post-scales) them
-// just after summing, while they are in cache: the passes step_in and step_out leave to it.
+// quantizes straight from the grads (copy layout) or the arena, pre-scaled on the way, and sums
+// straight into them, post-scaled on the way, a cache-sized tile at a time
+// (Device::int8_quantize_grads): the passes step_in and step_out leave to it cost no memory pass.
 void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
   struct Rounds final : AllgatherRounds {
     Device* d;
     Stream* s;
     const BucketProgram* p;
-    SegmentTable* table;  // staged: the grads packed into x
-    char *x, *all;
+    SegmentTable* table;  // the grads (copy layout), or the arena's bucket as one segment
+    char* all;
     float* residual;
-    size_t n, es;
+    size_t n;
     int world, rank;
     size_t count() override { return (n + p->int8_piece - 1) / p->int8_piece; }
     char* buffer(size_t k) override { return all + (k % 2) * p->int8_chunk * static_cast<size_t>(world); }
     size_t bytes(size_t k) override { return elem::int8_chunk_bytes(len(k)); }
     size_t len(size_t k) const { return std::min(p->int8_piece, n - k * p->int8_piece); }
+    Span span(size_t k) const { return Span{k * p->int8_piece, k * p->int8_piece + len(k)}; }
     void fill(size_t k) override {
-      const size_t lo = k * p->int8_piece;
-      if (p->staged)
-        d->pack(*table, p->dtype, x, p->wire, p->pre, Span{lo, lo + len(k)}, *s);
-      else
-        d->scale(x + lo * es, len(k), p->dtype, p->pre, *s);
-      d->int8_quantize(x + lo * es, p->dtype, len(k), residual + lo, buffer(k) + static_cast<size_t>(rank) * bytes(k),
-                       *s);
+      d->int8_quantize_grads(*table, p->dtype, p->pre, span(k), residual + span(k).lo,
+                             buffer(k) + static_cast<size_t>(rank) * bytes(k), *s);
     }
     void done(size_t k) override {
-      const size_t lo = k * p->int8_piece;
-      d->int8_dequant_sum(buffer(k), bytes(k), world, len(k), p->dtype, x + lo * es, *s);
-      if (p->staged)
-        d->unpack(x, p->wire, *table, p->dtype, p->post, Span{lo, lo + len(k)}, *s);
-      else
-        d->scale(x + lo * es, len(k), p->dtype, p->post, *s);
+      d->int8_dequant_grads(buffer(k), bytes(k), world, span(k), *table, p->dtype, p->post, *s);
     }
   };
   auto [p, r, s, d, c] = work(b);
+  SegmentTable arena;  // in place: the bucket's buffer, its unused grads zeroed by step_in
+  if (!p.staged) arena.segs.push_back(Segment{buf, 0, n, 0});
   Rounds rounds;
   rounds.d = &d;
   rounds.s = &s;
   rounds.p = &p;
-  rounds.table = &r.packed;
-  rounds.x = static_cast<char*>(buf);
+  rounds.table = p.staged ? &r.packed : &arena;
   rounds.all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   rounds.residual = residual_ + r.residual_at;
   rounds.n = n;
-  rounds.es = dtype_size(p.dtype);
   rounds.world = env_.program.world;
   rounds.rank = env_.program.rank;
   c.allgather_rounds(rounds, s, Deadline::after_ms(env_.timeout_ms));

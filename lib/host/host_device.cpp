@@ -321,11 +321,11 @@ static void for_span(SegmentTable& table, Span span, F&& fn) {
   }
 }
 
-void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream&) {
-  char* out = static_cast<char*>(dst);
+// pack and unpack with the packed element `origin` at the start of the packed buffer.
+static void pack_from(SegmentTable& table, Dtype src, char* out, Dtype wire, double scale, Span span, size_t origin) {
   const size_t ws = dtype_size(wire), ss = dtype_size(src);
   for_span(table, span, [&](const Segment& seg, size_t first, size_t n) {
-    void* to = out + (seg.offset + first) * ws;
+    void* to = out + (seg.offset + first - origin) * ws;
     if (seg.zero)
       std::memset(to, 0, n * ws);
     else
@@ -333,12 +333,64 @@ void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, dou
   });
 }
 
-void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream&) {
-  const char* in = static_cast<const char*>(src);
+static void unpack_from(const char* in, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span,
+                        size_t origin) {
   const size_t ws = dtype_size(wire), ds = dtype_size(dst);
   for_span(table, span, [&](const Segment& seg, size_t first, size_t n) {
-    host::convert(in + (seg.offset + first) * ws, wire, static_cast<char*>(seg.ptr) + first * ds, dst, n, scale);
+    host::convert(in + (seg.offset + first - origin) * ws, wire, static_cast<char*>(seg.ptr) + first * ds, dst, n,
+                  scale);
   });
+}
+
+void HostDevice::pack(SegmentTable& table, Dtype src, void* dst, Dtype wire, double scale, Span span, Stream&) {
+  pack_from(table, src, static_cast<char*>(dst), wire, scale, span, 0);
+}
+
+void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype dst, double scale, Span span, Stream&) {
+  unpack_from(static_cast<const char*>(src), wire, table, dst, scale, span, 0);
+}
+
+// 16 int8 blocks: 16 KiB of f32 (32 of f64), in L1 with the chunk bytes they become.
+constexpr size_t kInt8Tile = 16 * elem::kInt8Block;
+
+void HostDevice::int8_quantize_grads(SegmentTable& table, Dtype d, double pre, Span span, float* residual, void* chunk,
+                                     Stream&) {
+  alignas(64) char tile[kInt8Tile * sizeof(double)];
+  const size_t n = span.hi - span.lo;
+  const size_t es = dtype_size(d);
+  for (size_t at = 0; at < n; at += kInt8Tile) {
+    const size_t len = std::min(kInt8Tile, n - at);
+    const Span tspan{span.lo + at, span.lo + at + len};
+    // A tile inside one grad, unscaled, is read where it lies (most tiles: grads are larger).
+    const void* from = nullptr;
+    if (pre == 1.0)
+      for_span(table, tspan, [&](const Segment& seg, size_t first, size_t k) {
+        if (k == len && !seg.zero) from = static_cast<const char*>(seg.ptr) + first * es;
+      });
+    if (!from) {
+      pack_from(table, d, tile, d, pre, tspan, tspan.lo);
+      from = tile;
+    }
+    host::int8_quantize_span(from, d, n, at, len, residual + at, chunk);
+  }
+}
+
+void HostDevice::int8_dequant_grads(const void* chunks, size_t chunk_bytes, int world, Span span, SegmentTable& table,
+                                    Dtype d, double post, Stream&) {
+  alignas(64) char tile[kInt8Tile * sizeof(double)];
+  const size_t n = span.hi - span.lo;
+  const size_t es = dtype_size(d);
+  for (size_t at = 0; at < n; at += kInt8Tile) {
+    const size_t len = std::min(kInt8Tile, n - at);
+    const Span tspan{span.lo + at, span.lo + at + len};
+    void* into = nullptr;  // as in int8_quantize_grads (unpack writes zero segments too)
+    if (post == 1.0)
+      for_span(table, tspan, [&](const Segment& seg, size_t first, size_t k) {
+        if (k == len) into = static_cast<char*>(seg.ptr) + first * es;
+      });
+    host::int8_dequant_sum_span(chunks, chunk_bytes, world, n, at, len, d, into ? into : tile);
+    if (!into) unpack_from(tile, d, table, d, post, tspan, tspan.lo);
+  }
 }
 
 void HostDevice::scale(void* buf, size_t n, Dtype d, double scale, Stream&) {

@@ -45,6 +45,12 @@ class HostDevice final : public Device {
                         Stream&) override {
     host::int8_dequant_sum(chunks, chunk_bytes, world, n, d, out);
   }
+  // A tile of the span at a time (packed into the stack, quantized from there, or straight from a
+  // grad that holds it unscaled; summed there, unpacked from there), so the packed values stay in L1.
+  void int8_quantize_grads(SegmentTable& table, Dtype d, double pre, Span span, float* residual, void* chunk,
+                           Stream&) override;
+  void int8_dequant_grads(const void* chunks, size_t chunk_bytes, int world, Span span, SegmentTable& table, Dtype d,
+                          double post, Stream&) override;
 
  private:
   // Set by a stream of this device that wrote off a worker blocked in a collective.

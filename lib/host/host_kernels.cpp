@@ -172,56 +172,78 @@ void round_through(const float* in, float* out, size_t n, Dtype wire, double sca
   }
 }
 
-// One "thread" over every block: the GPU kernel's body (kern::int8_quantize_thread), run on the host.
+// The whole chunk: one "thread" over every block, the GPU kernel's body (kern::int8_quantize_thread)
+// run on the host. A span of it: the same element code (elem::int8_quantize_block) block by block.
 template <class T>
-static void int8_quantize_typed(const void* x, size_t n, float* residual, void* chunk) {
-  kern::int8_quantize_thread<T>(static_cast<const typename T::storage*>(x), residual, n, static_cast<char*>(chunk), 0,
-                                0, 1, 1);
+static void int8_quantize_typed(const void* x, size_t n, size_t lo, size_t len, float* residual, void* chunk) {
+  typedef typename T::storage S;
+  if (lo == 0 && len == n)
+    return kern::int8_quantize_thread<T>(static_cast<const S*>(x), residual, n, static_cast<char*>(chunk), 0, 0, 1, 1);
+  float* scales = reinterpret_cast<float*>(chunk) + lo / elem::kInt8Block;
+  int8_t* q = reinterpret_cast<int8_t*>(static_cast<char*>(chunk) + elem::int8_blocks(n) * 4) + lo;
+  for (size_t k = 0, at = 0; at < len; ++k, at += elem::kInt8Block)
+    elem::int8_quantize_block<T>(static_cast<const S*>(x) + at, residual + at,
+                                 std::min<size_t>(elem::kInt8Block, len - at), scales + k, q + at);
+}
+
+void int8_quantize_span(const void* x, Dtype d, size_t n, size_t lo, size_t len, float* residual, void* chunk) {
+  if (lo % elem::kInt8Block != 0 || lo + len > n || (lo + len < n && len % elem::kInt8Block != 0))
+    fail(DDP_ERR_INTERNAL, "int8 span [%zu, %zu) of %zu elements is not whole blocks", lo, lo + len, n);
+  if (d == Dtype::F64)
+    int8_quantize_typed<elem::F64>(x, n, lo, len, residual, chunk);
+  else if (d == Dtype::F32 && simd_path())
+    simd::int8_quantize_f32(static_cast<const float*>(x), residual, n, lo, len, static_cast<char*>(chunk));
+  else if (d == Dtype::F32)
+    int8_quantize_typed<elem::F32>(x, n, lo, len, residual, chunk);
+  else
+    fail(DDP_ERR_INTERNAL, "the int8 wire takes f32 or f64 buckets, not %s", dtype_name(d));
 }
 
 void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk) {
-  if (d == Dtype::F64)
-    int8_quantize_typed<elem::F64>(x, n, residual, chunk);
-  else if (d == Dtype::F32 && simd_path())
-    simd::int8_quantize_f32(static_cast<const float*>(x), residual, n, static_cast<char*>(chunk));
-  else if (d == Dtype::F32)
-    int8_quantize_typed<elem::F32>(x, n, residual, chunk);
-  else
-    fail(DDP_ERR_INTERNAL, "the int8 wire takes f32 or f64 buckets, not %s", dtype_name(d));
+  int8_quantize_span(x, d, n, 0, n, residual, chunk);
 }
 
 // Block by block, rank after rank: each rank's term is added to the whole block in turn, so the
 // inner loop is a plain multiply-add over contiguous values.
 template <class T>
-static void int8_dequant_sum_typed(const void* chunks, size_t chunk_bytes, int world, size_t n, void* out) {
+static void int8_dequant_sum_typed(const void* chunks, size_t chunk_bytes, int world, size_t n, size_t first,
+                                   size_t len, void* out) {
   typedef typename T::math M;
   const char* base = static_cast<const char*>(chunks);
   const size_t q_at = elem::int8_blocks(n) * 4;
   typename T::storage* o = static_cast<typename T::storage*>(out);
   M acc[elem::kInt8Block];
-  for (size_t b = 0, lo = 0; lo < n; ++b, lo += elem::kInt8Block) {
-    const size_t k = std::min<size_t>(elem::kInt8Block, n - lo);
+  for (size_t at = 0; at < len; at += elem::kInt8Block) {
+    const size_t k = std::min<size_t>(elem::kInt8Block, len - at), lo = first + at;
     for (size_t i = 0; i < k; ++i) acc[i] = M(0);
     for (int r = 0; r < world; ++r) {
       const char* c = base + static_cast<size_t>(r) * chunk_bytes;
       float scale;
-      std::memcpy(&scale, c + b * 4, 4);
+      std::memcpy(&scale, c + lo / elem::kInt8Block * 4, 4);
       const int8_t* q = reinterpret_cast<const int8_t*>(c + q_at) + lo;
       for (size_t i = 0; i < k; ++i) acc[i] = elem::int8_term<T>(acc[i], q[i], scale);
     }
-    for (size_t i = 0; i < k; ++i) o[lo + i] = T::store(acc[i]);
+    for (size_t i = 0; i < k; ++i) o[at + i] = T::store(acc[i]);
   }
 }
 
-void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out) {
+void int8_dequant_sum_span(const void* chunks, size_t chunk_bytes, int world, size_t n, size_t lo, size_t len, Dtype d,
+                           void* out) {
+  if (lo % elem::kInt8Block != 0 || lo + len > n)
+    fail(DDP_ERR_INTERNAL, "int8 span [%zu, %zu) of %zu elements does not start a block", lo, lo + len, n);
   if (d == Dtype::F64)
-    int8_dequant_sum_typed<elem::F64>(chunks, chunk_bytes, world, n, out);
+    int8_dequant_sum_typed<elem::F64>(chunks, chunk_bytes, world, n, lo, len, out);
   else if (d == Dtype::F32 && simd_path())
-    simd::int8_dequant_sum_f32(static_cast<const char*>(chunks), chunk_bytes, world, n, static_cast<float*>(out));
+    simd::int8_dequant_sum_f32(static_cast<const char*>(chunks), chunk_bytes, world, n, lo, len,
+                               static_cast<float*>(out));
   else if (d == Dtype::F32)
-    int8_dequant_sum_typed<elem::F32>(chunks, chunk_bytes, world, n, out);
+    int8_dequant_sum_typed<elem::F32>(chunks, chunk_bytes, world, n, lo, len, out);
   else
     fail(DDP_ERR_INTERNAL, "the int8 wire takes f32 or f64 buckets, not %s", dtype_name(d));
+}
+
+void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out) {
+  int8_dequant_sum_span(chunks, chunk_bytes, world, n, 0, n, d, out);
 }
 
 template <class T>

@@ -27,6 +27,12 @@ void round_through(const float* in, float* out, size_t n, Dtype wire, double sca
 void int8_quantize(const void* x, Dtype d, size_t n, float* residual, void* chunk);
 // out[i] = the sum over `world` chunks, chunk_bytes apart, of q * scale, in rank order, in d's math.
 void int8_dequant_sum(const void* chunks, size_t chunk_bytes, int world, size_t n, Dtype d, void* out);
+// The same for the elements [lo, lo + len) of chunks laid out for n elements (lo a multiple of
+// elem::kInt8Block; so is len unless the span ends the chunk): x, residual and out hold the span's
+// elements only. The bits are those of the whole chunk's calls.
+void int8_quantize_span(const void* x, Dtype d, size_t n, size_t lo, size_t len, float* residual, void* chunk);
+void int8_dequant_sum_span(const void* chunks, size_t chunk_bytes, int world, size_t n, size_t lo, size_t len, Dtype d,
+                           void* out);
 // Whether any of the n elements is an infinity or a NaN.
 bool has_nonfinite(const void* buf, size_t n, Dtype d);
 

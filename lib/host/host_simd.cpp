@@ -225,14 +225,11 @@ DDP_SIMD void sum_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, size
   sum<BF16v>(a, b, out, n, scale, unit);
 }
 
-DDP_SIMD void int8_quantize_f32(const float* x, float* residual, size_t n, char* chunk) {
-  const size_t nblocks = elem::int8_blocks(n);
-  float* scales = reinterpret_cast<float*>(chunk);
-  int8_t* q = reinterpret_cast<int8_t*>(chunk + nblocks * 4);
-  for (size_t k = 0; k < nblocks; ++k) {
-    const size_t lo = k * elem::kInt8Block, m = std::min<size_t>(elem::kInt8Block, n - lo);
-    quantize_block(x + lo, residual + lo, m, scales + k, q + lo);
-  }
+DDP_SIMD void int8_quantize_f32(const float* x, float* residual, size_t n, size_t lo, size_t len, char* chunk) {
+  float* scales = reinterpret_cast<float*>(chunk) + lo / elem::kInt8Block;
+  int8_t* q = reinterpret_cast<int8_t*>(chunk + elem::int8_blocks(n) * 4) + lo;
+  for (size_t k = 0, at = 0; at < len; ++k, at += elem::kInt8Block)
+    quantize_block(x + at, residual + at, std::min<size_t>(elem::kInt8Block, len - at), scales + k, q + at);
 }
 
 // Eight outputs at a time, each the sum over the ranks in rank order of q * scale, the product
@@ -253,14 +250,15 @@ static DDP_SIMD inline __m256 dequant8(const char* chunks, size_t chunk_bytes, i
   return acc;
 }
 
-DDP_SIMD void int8_dequant_sum_f32(const char* chunks, size_t chunk_bytes, int world, size_t n, float* out) {
+DDP_SIMD void int8_dequant_sum_f32(const char* chunks, size_t chunk_bytes, int world, size_t n, size_t lo, size_t len,
+                                   float* out) {
   const size_t q_at = elem::int8_blocks(n) * 4;
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, dequant8(chunks, chunk_bytes, world, q_at, i, 8));
-  if (i == n) return;
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, dequant8(chunks, chunk_bytes, world, q_at, lo + i, 8));
+  if (i == len) return;
   alignas(32) float o[8];
-  _mm256_store_ps(o, dequant8(chunks, chunk_bytes, world, q_at, i, n - i));
-  std::memcpy(out + i, o, (n - i) * 4);
+  _mm256_store_ps(o, dequant8(chunks, chunk_bytes, world, q_at, lo + i, len - i));
+  std::memcpy(out + i, o, (len - i) * 4);
 }
 
 }  // namespace simd
@@ -282,8 +280,8 @@ void f32_to_bf16(const float*, uint16_t*, size_t, float, bool) { absent(); }
 void bf16_to_f32(const uint16_t*, float*, size_t, float, bool) { absent(); }
 void sum_f16(const uint16_t*, const uint16_t*, uint16_t*, size_t, float, bool) { absent(); }
 void sum_bf16(const uint16_t*, const uint16_t*, uint16_t*, size_t, float, bool) { absent(); }
-void int8_quantize_f32(const float*, float*, size_t, char*) { absent(); }
-void int8_dequant_sum_f32(const char*, size_t, int, size_t, float*) { absent(); }
+void int8_quantize_f32(const float*, float*, size_t, size_t, size_t, char*) { absent(); }
+void int8_dequant_sum_f32(const char*, size_t, int, size_t, size_t, size_t, float*) { absent(); }
 
 }  // namespace simd
 }  // namespace host

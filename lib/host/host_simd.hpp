@@ -24,9 +24,11 @@ void bf16_to_f32(const uint16_t* in, float* out, size_t n, float scale, bool uni
 // out[i] = (a[i] + b[i]) * scale in float, stored as fp16 / bf16: elem::sum_scaled. out may be a.
 void sum_f16(const uint16_t* a, const uint16_t* b, uint16_t* out, size_t n, float scale, bool unit);
 void sum_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, size_t n, float scale, bool unit);
-// The int8 wire over f32 elements: host::int8_quantize and host::int8_dequant_sum.
-void int8_quantize_f32(const float* x, float* residual, size_t n, char* chunk);
-void int8_dequant_sum_f32(const char* chunks, size_t chunk_bytes, int world, size_t n, float* out);
+// The int8 wire over f32 elements: host::int8_quantize_span and host::int8_dequant_sum_span (the
+// elements [lo, lo + len) of chunks laid out for n; x, residual and out start at element lo).
+void int8_quantize_f32(const float* x, float* residual, size_t n, size_t lo, size_t len, char* chunk);
+void int8_dequant_sum_f32(const char* chunks, size_t chunk_bytes, int world, size_t n, size_t lo, size_t len,
+                          float* out);
 
 }  // namespace simd
 }  // namespace host

@@ -191,3 +191,20 @@ TEST_CASE("int8 wire: by default the reduce-scatter from 3 ranks, the all-gather
   const uint64_t gather = run_group(4, m, 1 << 30);
   CHECK(sent[0] * 10 < gather * 6);
 }
+
+TEST_CASE("int8 wire: rounds of several host tiles, grads that straddle tiles and rounds, both layouts") {
+  std::mt19937_64 rng(4711);
+  for (int world = 1; world <= 3; ++world)
+    for (int arena = 0; arena <= 1; ++arena) {
+      Int8Run m;
+      m.seed = rng();
+      m.arena = arena;
+      for (size_t n : {size_t(7000), size_t(3), size_t(12000), size_t(511), size_t(9000), size_t(4096)}) {
+        m.numel.push_back(n + rng() % 300);
+        m.dtype.push_back(rng() % 4 ? DDP_F32 : DDP_F64);
+        m.mag.push_back(std::ldexp(1.0, static_cast<int>(rng() % 17) - 8));
+      }
+      m.piece_bytes = 40960;  // rounds of 40 f32 blocks, 2.5 tiles of 16
+      run_group(world, m, 1 << 30);
+    }
+}

@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "host/host_device.hpp"
 #include "host/host_kernels.hpp"
 #include "host/host_simd.hpp"
 #include "kernels/elementwise.h"
@@ -202,4 +204,113 @@ TEST_CASE("host SIMD path: int8 quantize (3 error-feedback rounds) and dequantiz
         REQUIRE(bytes_of(residual[0][r].data(), n * 4) == bytes_of(residual[1][r].data(), n * 4));
       REQUIRE(bytes_of(out[0].data(), n * 4) == bytes_of(out[1].data(), n * 4));
     }
+}
+
+TEST_CASE("int8 spans (the copy layout's tiles): quantizing and summing a chunk span by span gives its bits") {
+  std::mt19937 rng(77);
+  for (bool simd : {false, true}) {
+    if (simd && !host::simd::supported()) continue;
+    OnPath path(simd);
+    for (int t = 0; t < 40; ++t) {
+      const size_t n = 1 + rng() % 5000, cb = elem::int8_chunk_bytes(n);
+      const bool f64 = rng() % 4 == 0;
+      const Dtype d = f64 ? Dtype::F64 : Dtype::F32;
+      const size_t es = f64 ? 8 : 4;
+      INFO("simd ", simd, " n ", n, " f64 ", f64);
+      std::vector<char> x(n * es);
+      const std::vector<float> v = int8_input(n, static_cast<int>(rng() % 7), rng());
+      for (size_t i = 0; i < n; ++i) {
+        if (f64) {
+          const double w = v[i];
+          std::memcpy(x.data() + i * 8, &w, 8);
+        } else {
+          std::memcpy(x.data() + i * 4, &v[i], 4);
+        }
+      }
+      const int world = 1 + static_cast<int>(rng() % 3);
+      std::vector<char> whole(cb * world, 0x5a), parts(cb * world, 0x5a);
+      std::vector<float> res_whole(n, 0.25f), res_parts(n, 0.25f);
+      for (int r = 0; r < world; ++r) {
+        host::int8_quantize(x.data(), d, n, res_whole.data(), whole.data() + r * cb);
+        // Spans of whole blocks in random lengths, the last one ending the chunk.
+        for (size_t lo = 0; lo < n;) {
+          const size_t len = std::min(n - lo, (1 + rng() % 5) * size_t(elem::kInt8Block));
+          host::int8_quantize_span(x.data() + lo * es, d, n, lo, len, res_parts.data() + lo, parts.data() + r * cb);
+          lo += len;
+        }
+      }
+      REQUIRE(whole == parts);
+      REQUIRE(bytes_of(res_whole.data(), n * 4) == bytes_of(res_parts.data(), n * 4));
+      std::vector<char> sum_whole(n * es, 1), sum_parts(n * es, 2);
+      host::int8_dequant_sum(whole.data(), cb, world, n, d, sum_whole.data());
+      for (size_t lo = 0; lo < n;) {
+        const size_t len = std::min(n - lo, (1 + rng() % 5) * size_t(elem::kInt8Block));
+        host::int8_dequant_sum_span(whole.data(), cb, world, n, lo, len, d, sum_parts.data() + lo * es);
+        lo += len;
+      }
+      REQUIRE(sum_whole == sum_parts);
+    }
+  }
+}
+
+TEST_CASE("int8 spans: a span that does not start a block, or runs past the chunk, is refused") {
+  std::vector<float> x(600, 1.0f), res(600, 0.0f);
+  std::vector<char> chunk(elem::int8_chunk_bytes(600));
+  CHECK_THROWS(host::int8_quantize_span(x.data(), Dtype::F32, 600, 100, 256, res.data(), chunk.data()));
+  CHECK_THROWS(host::int8_quantize_span(x.data(), Dtype::F32, 600, 256, 100, res.data(), chunk.data()));
+  CHECK_THROWS(host::int8_quantize_span(x.data(), Dtype::F32, 600, 512, 256, res.data(), chunk.data()));
+  CHECK_THROWS(host::int8_dequant_sum_span(chunk.data(), chunk.size(), 1, 600, 10, 5, Dtype::F32, x.data()));
+  CHECK_NOTHROW(host::int8_quantize_span(x.data(), Dtype::F32, 600, 512, 88, res.data(), chunk.data()));
+}
+
+TEST_CASE("int8 rounds from the grads (copy layout): the bits of pack + quantize and of dequantize + unpack") {
+  HostDevice dev;
+  std::unique_ptr<Stream> s = dev.make_stream(0);
+  std::mt19937 rng(99);
+  for (int t = 0; t < 30; ++t) {
+    const bool f64 = t % 3 == 2;
+    const Dtype d = f64 ? Dtype::F64 : Dtype::F32;
+    const size_t es = f64 ? 8 : 4;
+    // Grads of random sizes (some below a tile, some spanning several), some unused (zero).
+    SegmentTable table;
+    std::vector<std::vector<char>> grads;
+    size_t n = 0;
+    for (int g = 0, ng = 1 + static_cast<int>(rng() % 6); g < ng; ++g) {
+      const size_t k = 1 + rng() % (rng() % 2 ? 300 : 20000);
+      const std::vector<float> v = int8_input(k, static_cast<int>(rng() % 7), rng());
+      grads.emplace_back(k * es);
+      for (size_t i = 0; i < k; ++i) {
+        const double w = v[i];
+        if (f64)
+          std::memcpy(grads.back().data() + i * 8, &w, 8);
+        else
+          std::memcpy(grads.back().data() + i * 4, &v[i], 4);
+      }
+      table.segs.push_back(Segment{grads.back().data(), n, k, rng() % 5 == 0 ? 1u : 0u});
+      n += k;
+    }
+    const double pre = t % 2 ? 1.0 : 1.0 / 3.0, post = t % 4 < 2 ? 1.0 : 0.5;
+    // A round: whole blocks from a random block, to a random end.
+    const size_t lo = (rng() % elem::int8_blocks(n)) * elem::kInt8Block, hi = lo + 1 + rng() % (n - lo);
+    const size_t len = hi - lo, cb = elem::int8_chunk_bytes(len);
+    INFO("try ", t, " n ", n, " round [", lo, ", ", hi, ") pre ", pre, " post ", post);
+    std::vector<char> staged(n * es), chunk_ref(cb, 0x33), chunk(cb, 0x33);
+    std::vector<float> res_ref(len, 0.125f), res(len, 0.125f);
+    dev.pack(table, d, staged.data(), d, pre, Span{lo, hi}, *s);
+    host::int8_quantize(staged.data() + lo * es, d, len, res_ref.data(), chunk_ref.data());
+    dev.int8_quantize_grads(table, d, pre, Span{lo, hi}, res.data(), chunk.data(), *s);
+    REQUIRE(chunk_ref == chunk);
+    REQUIRE(bytes_of(res_ref.data(), len * 4) == bytes_of(res.data(), len * 4));
+    // Back: two ranks' chunks summed into the grads.
+    std::vector<char> two(2 * cb);
+    std::memcpy(two.data(), chunk.data(), cb);
+    std::memcpy(two.data() + cb, chunk_ref.data(), cb);
+    std::vector<std::vector<char>> before = grads;
+    host::int8_dequant_sum(two.data(), cb, 2, len, d, staged.data() + lo * es);
+    dev.unpack(staged.data(), d, table, d, post, Span{lo, hi}, *s);
+    const std::vector<std::vector<char>> want = grads;
+    grads = before;  // the table points into grads' buffers, which assignment keeps
+    dev.int8_dequant_grads(two.data(), cb, 2, Span{lo, hi}, table, d, post, *s);
+    REQUIRE(grads == want);
+  }
 }
