@@ -313,13 +313,12 @@ void Reducer::int8_gather_rounds(int b, void* buf, size_t n) {
     }
   };
   auto [p, r, s, d, c] = work(b);
-  SegmentTable arena;  // in place: the bucket's buffer, its unused grads zeroed by step_in
-  if (!p.staged) arena.segs.push_back(Segment{buf, 0, n, 0});
+  SegmentTable arena;
   Rounds rounds;
   rounds.d = &d;
   rounds.s = &s;
   rounds.p = &p;
-  rounds.table = p.staged ? &r.packed : &arena;
+  rounds.table = &grads_table(p, r, buf, n, &arena);
   rounds.all = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   rounds.residual = residual_ + r.residual_at;
   rounds.n = n;
@@ -338,26 +337,36 @@ void Reducer::int8_scatter_allreduce(int b, void* buf, size_t n) {
   auto [p, r, s, d, c] = work(b);
   const int world = env_.program.world, me = env_.program.rank;
   const size_t es = dtype_size(p.dtype), chunk = p.int8_chunk;
-  char* x = static_cast<char*>(buf);
+  SegmentTable arena;
+  SegmentTable& grads = grads_table(p, r, buf, n, &arena);
   char* send = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   char* recv = send + static_cast<size_t>(world) * chunk;
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   for (int j = 0; j < world; ++j) {
     const Span sh = int8_shard(n, world, j);
-    d.int8_quantize(x + sh.lo * es, p.dtype, sh.hi - sh.lo, residual_ + r.residual_at + sh.lo,
-                    send + static_cast<size_t>(j) * chunk, s);
+    d.int8_quantize_grads(grads, p.dtype, p.pre, sh, residual_ + r.residual_at + sh.lo,
+                          send + static_cast<size_t>(j) * chunk, s);
   }
   c.alltoall(send, recv, chunk, s, dl);
+  // The shard's sum, before its re-quantization, in the bucket's buffer (staging or arena), which no
+  // quantization reads any more.
   const Span mine = int8_shard(n, world, me);
-  char* own = x + mine.lo * es;
+  char* own = static_cast<char*>(buf) + mine.lo * es;
   d.int8_dequant_sum(recv, chunk, world, mine.hi - mine.lo, p.dtype, own, s);
   d.int8_quantize(own, p.dtype, mine.hi - mine.lo, residual_ + r.shard_residual_at,
                   send + static_cast<size_t>(me) * chunk, s);
   c.allgather(send, chunk, s, dl);
-  for (int j = 0; j < world; ++j) {
-    const Span sh = int8_shard(n, world, j);
-    d.int8_dequant_sum(send + static_cast<size_t>(j) * chunk, chunk, 1, sh.hi - sh.lo, p.dtype, x + sh.lo * es, s);
-  }
+  for (int j = 0; j < world; ++j)
+    d.int8_dequant_grads(send + static_cast<size_t>(j) * chunk, chunk, 1, int8_shard(n, world, j), grads, p.dtype,
+                         p.post, s);
+}
+
+// What the int8 collectives that read the grads themselves work on: the grads (copy layout), or the
+// arena's bucket `buf` as one segment (*arena; step_in zeroed its unused grads).
+SegmentTable& Reducer::grads_table(const BucketProgram& p, BucketRt& r, void* buf, size_t n, SegmentTable* arena) {
+  if (p.staged) return r.packed;
+  arena->segs.assign(1, Segment{buf, 0, n, 0});
+  return *arena;
 }
 
 void* Reducer::staging(int b) const {
@@ -510,7 +519,7 @@ void Reducer::launch_grouped(int first, int last) {
 void Reducer::step_in(int b) {
   auto [p, r, s, d, c] = work(b);
   r.start_ns = now_ns();
-  if (p.int8_piece) {  // the int8 rounds pack and scale each round themselves, while it is in cache
+  if (p.int8_piece || p.int8_scatter) {  // these int8 collectives read and write the grads themselves
     if (!p.staged)
       for (Segment& seg : r.packed.segs)
         if (seg.zero) d.fill_zero(seg.ptr, seg.numel, p.dtype, s);
@@ -561,8 +570,8 @@ void Reducer::step_out(int b) {
   auto [p, r, s, d, c] = work(b);
   if (p.staged) {
     // Sharded: the whole staging buffer goes back (outside the shard the values are unspecified
-    // anyway), but only the shard is scanned. The int8 rounds unpacked each round already.
-    if (!r.packed.segs.empty() && !p.int8_piece)
+    // anyway), but only the shard is scanned. The int8 rounds and scatter wrote the grads already.
+    if (!r.packed.segs.empty() && !p.int8_piece && !p.int8_scatter)
       d.unpack(staging(b), p.wire, r.packed, p.dtype, p.post, Span{0, p.packed}, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, p.dtype, p.post, s);
     size_t cursor = 0;
@@ -570,7 +579,7 @@ void Reducer::step_out(int b) {
     for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
   } else {
     char* mine = r.base + p.out.lo * dtype_size(p.dtype);
-    if (!p.int8_piece) d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
+    if (!p.int8_piece && !p.int8_scatter) d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
     scan(b, mine, p.out.hi - p.out.lo);
   }
   account(b);

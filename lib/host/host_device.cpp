@@ -353,25 +353,28 @@ void HostDevice::unpack(const void* src, Dtype wire, SegmentTable& table, Dtype 
 // 16 int8 blocks: 16 KiB of f32 (32 of f64), in L1 with the chunk bytes they become.
 constexpr size_t kInt8Tile = 16 * elem::kInt8Block;
 
+// Where the elements `tile` lie in one grad, unscaled, so that the int8 loops can read or write them
+// there (most tiles: grads are larger); nullptr when they need the tile buffer. `reading`: a zero
+// segment holds no values to read (unpack writes it like any other).
+static char* in_one_grad(SegmentTable& table, Span tile, Dtype d, double scale, bool reading) {
+  char* at = nullptr;
+  if (scale == 1.0)
+    for_span(table, tile, [&](const Segment& seg, size_t first, size_t k) {
+      if (k == tile.hi - tile.lo && !(reading && seg.zero)) at = static_cast<char*>(seg.ptr) + first * dtype_size(d);
+    });
+  return at;
+}
+
 void HostDevice::int8_quantize_grads(SegmentTable& table, Dtype d, double pre, Span span, float* residual, void* chunk,
                                      Stream&) {
   alignas(64) char tile[kInt8Tile * sizeof(double)];
   const size_t n = span.hi - span.lo;
-  const size_t es = dtype_size(d);
   for (size_t at = 0; at < n; at += kInt8Tile) {
     const size_t len = std::min(kInt8Tile, n - at);
-    const Span tspan{span.lo + at, span.lo + at + len};
-    // A tile inside one grad, unscaled, is read where it lies (most tiles: grads are larger).
-    const void* from = nullptr;
-    if (pre == 1.0)
-      for_span(table, tspan, [&](const Segment& seg, size_t first, size_t k) {
-        if (k == len && !seg.zero) from = static_cast<const char*>(seg.ptr) + first * es;
-      });
-    if (!from) {
-      pack_from(table, d, tile, d, pre, tspan, tspan.lo);
-      from = tile;
-    }
-    host::int8_quantize_span(from, d, n, at, len, residual + at, chunk);
+    const Span t{span.lo + at, span.lo + at + len};
+    const char* from = in_one_grad(table, t, d, pre, true);
+    if (!from) pack_from(table, d, tile, d, pre, t, t.lo);
+    host::int8_quantize_span(from ? from : tile, d, n, at, len, residual + at, chunk);
   }
 }
 
@@ -379,17 +382,12 @@ void HostDevice::int8_dequant_grads(const void* chunks, size_t chunk_bytes, int 
                                     Dtype d, double post, Stream&) {
   alignas(64) char tile[kInt8Tile * sizeof(double)];
   const size_t n = span.hi - span.lo;
-  const size_t es = dtype_size(d);
   for (size_t at = 0; at < n; at += kInt8Tile) {
     const size_t len = std::min(kInt8Tile, n - at);
-    const Span tspan{span.lo + at, span.lo + at + len};
-    void* into = nullptr;  // as in int8_quantize_grads (unpack writes zero segments too)
-    if (post == 1.0)
-      for_span(table, tspan, [&](const Segment& seg, size_t first, size_t k) {
-        if (k == len) into = static_cast<char*>(seg.ptr) + first * es;
-      });
+    const Span t{span.lo + at, span.lo + at + len};
+    char* into = in_one_grad(table, t, d, post, false);
     host::int8_dequant_sum_span(chunks, chunk_bytes, world, n, at, len, d, into ? into : tile);
-    if (!into) unpack_from(tile, d, table, d, post, tspan, tspan.lo);
+    if (!into) unpack_from(tile, d, table, d, post, t, t.lo);
   }
 }
 
