@@ -138,8 +138,8 @@ typedef enum ddp_compression {
    * Bytes on the wire per rank: about 0.25x those of the fp32 ring at any world size with the
    * reduce-scatter (2 (world - 1) / world x (n + n/64) against 2 (world - 1) / world x 4n); the
    * all-gather's (world - 1) x (n + n/64) is the same at 2 ranks. Host memory and NCCL alike (on
-   * GPUs: CUDA kernels running the same element code, and ncclAllGather at every world size, so
-   * that int8 carries as much as bf16 from 4 GPUs on; such buckets are not grouped with others).
+   * GPUs: CUDA kernels running the same element code, ncclAllGather, and ncclSend / ncclRecv for
+   * the reduce-scatter, NCCL 2.7 or later; such buckets are not grouped with others).
    * 16-bit buckets travel as they are. Not with config.shard. A rank that joins (ddp_join) drops
    * its kept errors, so that its shadowing contributes zeros. */
   DDP_COMPRESS_INT8 = 3

@@ -337,28 +337,46 @@ void Reducer::int8_scatter_allreduce(int b, void* buf, size_t n) {
   auto [p, r, s, d, c] = work(b);
   const int world = env_.program.world, me = env_.program.rank;
   const size_t es = dtype_size(p.dtype), chunk = p.int8_chunk;
+  const bool direct = int8_reads_grads(p);  // else step_in packed (or scaled) the bucket into buf
   SegmentTable arena;
-  SegmentTable& grads = grads_table(p, r, buf, n, &arena);
+  SegmentTable* grads = direct ? &grads_table(p, r, buf, n, &arena) : nullptr;
+  char* x = static_cast<char*>(buf);
   char* send = static_cast<char*>(gather_[static_cast<size_t>(p.stream)]);
   char* recv = send + static_cast<size_t>(world) * chunk;
   const Deadline dl = Deadline::after_ms(env_.timeout_ms);
   for (int j = 0; j < world; ++j) {
     const Span sh = int8_shard(n, world, j);
-    d.int8_quantize_grads(grads, p.dtype, p.pre, sh, residual_ + r.residual_at + sh.lo,
-                          send + static_cast<size_t>(j) * chunk, s);
+    float* res = residual_ + r.residual_at + sh.lo;
+    char* to = send + static_cast<size_t>(j) * chunk;
+    if (direct)
+      d.int8_quantize_grads(*grads, p.dtype, p.pre, sh, res, to, s);
+    else
+      d.int8_quantize(x + sh.lo * es, p.dtype, sh.hi - sh.lo, res, to, s);
   }
   c.alltoall(send, recv, chunk, s, dl);
   // The shard's sum, before its re-quantization, in the bucket's buffer (staging or arena), which no
   // quantization reads any more.
   const Span mine = int8_shard(n, world, me);
-  char* own = static_cast<char*>(buf) + mine.lo * es;
+  char* own = x + mine.lo * es;
   d.int8_dequant_sum(recv, chunk, world, mine.hi - mine.lo, p.dtype, own, s);
   d.int8_quantize(own, p.dtype, mine.hi - mine.lo, residual_ + r.shard_residual_at,
                   send + static_cast<size_t>(me) * chunk, s);
   c.allgather(send, chunk, s, dl);
-  for (int j = 0; j < world; ++j)
-    d.int8_dequant_grads(send + static_cast<size_t>(j) * chunk, chunk, 1, int8_shard(n, world, j), grads, p.dtype,
-                         p.post, s);
+  for (int j = 0; j < world; ++j) {
+    const Span sh = int8_shard(n, world, j);
+    const char* from = send + static_cast<size_t>(j) * chunk;
+    if (direct)
+      d.int8_dequant_grads(from, chunk, 1, sh, *grads, p.dtype, p.post, s);
+    else
+      d.int8_dequant_sum(from, chunk, 1, sh.hi - sh.lo, p.dtype, x + sh.lo * es, s);
+  }
+}
+
+// The int8 collectives that read the grads and write the results themselves, pre- and post-scaling
+// on the way (host devices: the rounds and the reduce-scatter), so that step_in and step_out leave
+// the bucket alone. Elsewhere (GPUs) step_in packs and step_out unpacks as for any bucket.
+bool Reducer::int8_reads_grads(const BucketProgram& p) const {
+  return p.collective == Collective::Int8 && (p.int8_piece || p.int8_scatter) && env_.device->memory() == Memory::Host;
 }
 
 // What the int8 collectives that read the grads themselves work on: the grads (copy layout), or the
@@ -519,7 +537,7 @@ void Reducer::launch_grouped(int first, int last) {
 void Reducer::step_in(int b) {
   auto [p, r, s, d, c] = work(b);
   r.start_ns = now_ns();
-  if (p.int8_piece || p.int8_scatter) {  // these int8 collectives read and write the grads themselves
+  if (int8_reads_grads(p)) {
     if (!p.staged)
       for (Segment& seg : r.packed.segs)
         if (seg.zero) d.fill_zero(seg.ptr, seg.numel, p.dtype, s);
@@ -571,7 +589,7 @@ void Reducer::step_out(int b) {
   if (p.staged) {
     // Sharded: the whole staging buffer goes back (outside the shard the values are unspecified
     // anyway), but only the shard is scanned. The int8 rounds and scatter wrote the grads already.
-    if (!r.packed.segs.empty() && !p.int8_piece && !p.int8_scatter)
+    if (!r.packed.segs.empty() && !int8_reads_grads(p))
       d.unpack(staging(b), p.wire, r.packed, p.dtype, p.post, Span{0, p.packed}, s);
     for (Segment& seg : r.direct.segs) d.scale(seg.ptr, seg.numel, p.dtype, p.post, s);
     size_t cursor = 0;
@@ -579,7 +597,7 @@ void Reducer::step_out(int b) {
     for (const Segment& seg : r.direct.segs) scan(b, seg.ptr, seg.numel);
   } else {
     char* mine = r.base + p.out.lo * dtype_size(p.dtype);
-    if (!p.int8_piece && !p.int8_scatter) d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
+    if (!int8_reads_grads(p)) d.scale(mine, p.out.hi - p.out.lo, p.dtype, p.post, s);
     scan(b, mine, p.out.hi - p.out.lo);
   }
   account(b);

@@ -238,10 +238,18 @@ double scalar_value(ncclDataType_t t, const void* p) {
 }
 
 // A call waiting for its group's end (or issued at once outside a group).
+struct P2p {
+  bool send;
+  char* buf;  // the sendbuff for a send
+  size_t bytes;
+  int peer;
+};
+
 struct Call {
   std::shared_ptr<CommState> st;
   cudaStream_t stream;
   std::function<void(CommState&)> run;
+  std::shared_ptr<std::vector<P2p>> p2p = nullptr;  // a send or a receive: the group's are merged into one call
 };
 
 std::atomic<int> g_fail{ncclSuccess};
@@ -337,6 +345,34 @@ ncclResult_t submit(Call c) {
   }
   std::shared_ptr<CommState> st = c.st;
   return accepted(*st, issue(std::move(c)));
+}
+
+// A group's sends and receives of one communicator, all posted before any is waited for (NCCL runs
+// them together, so a rank may send to and receive from every peer in one group). The bytes travel
+// through buffers of their own: an aborted wait leaves MPI writing those, never the caller's memory.
+void run_p2p(CommState& st, const std::vector<P2p>& ops) {
+  auto bufs = std::make_shared<std::vector<std::vector<char>>>(ops.size());
+  std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2p& o = ops[i];
+    std::vector<char>& b = (*bufs)[i];
+    b.resize(o.bytes);
+    if (o.send && o.bytes) memcpy(b.data(), o.buf, o.bytes);
+    const int rc = o.send ? MPI_Isend(b.data(), static_cast<int>(o.bytes), MPI_BYTE, o.peer, 7, st.mpi, &reqs[i])
+                          : MPI_Irecv(b.data(), static_cast<int>(o.bytes), MPI_BYTE, o.peer, 7, st.mpi, &reqs[i]);
+    if (rc != MPI_SUCCESS) {
+      st.async = ncclSystemError;
+      new std::shared_ptr<std::vector<std::vector<char>>>(bufs);  // posted ones may still complete
+      return;
+    }
+  }
+  for (MPI_Request& r : reqs)
+    if (!wait_req(st, &r)) {
+      new std::shared_ptr<std::vector<std::vector<char>>>(bufs);
+      return;
+    }
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].send && ops[i].bytes) memcpy(ops[i].buf, (*bufs)[i].data(), ops[i].bytes);
 }
 
 ncclResult_t check_comm(ncclComm_t comm) {
@@ -819,6 +855,29 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                      }});
 }
 
+// Point to point: checked as NCCL checks them, and run as one call with the rest of their group.
+static ncclResult_t p2p_call(bool send, void* buf, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                             cudaStream_t stream) {
+  if (ncclResult_t r = check_comm(comm)) return r;
+  if (peer < 0 || peer >= comm->st->nranks) return err(ncclInvalidArgument, "peer out of range");
+  const size_t bytes = count * type_size(datatype);
+  if (ncclResult_t r = check_call(comm, send ? buf : nullptr, send ? bytes : 0, send ? nullptr : buf, send ? 0 : bytes,
+                                  datatype, stream))
+    return r;
+  auto ops = std::make_shared<std::vector<P2p>>(1, P2p{send, static_cast<char*>(buf), bytes, peer});
+  return submit(Call{comm->st, stream, [ops](CommState& st) { run_p2p(st, *ops); }, ops});
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p_call(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p_call(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
 ncclResult_t ncclGroupStart(void) {
   ++t_group_depth;
   return ncclSuccess;
@@ -828,8 +887,16 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
   if (t_group_depth == 0) return err(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--t_group_depth > 0) return ncclSuccess;
-  std::vector<Call> calls;
-  calls.swap(t_group);
+  std::vector<Call> held, calls;
+  held.swap(t_group);
+  // Consecutive sends and receives of one communicator on one stream become one call.
+  for (Call& c : held) {
+    Call* last = calls.empty() ? nullptr : &calls.back();
+    if (c.p2p && last && last->p2p && last->st == c.st && last->stream == c.stream)
+      last->p2p->insert(last->p2p->end(), c.p2p->begin(), c.p2p->end());
+    else
+      calls.push_back(std::move(c));
+  }
   ncclResult_t first = ncclSuccess;
   bool nonblocking = false;
   for (Call& c : calls) {

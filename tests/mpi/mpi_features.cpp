@@ -538,13 +538,6 @@ void test_compression(uint64_t seed) {
 // different scales), checked against a bound built from each 256-element block's largest magnitude on
 // each rank, this iteration's and the last one's (the rounding sent now and the one fed back).
 
-// Whether the communicator under test has the int8 wire's reduce-scatter (NCCL's all-gathers).
-#if DDP_TEST_NCCL
-constexpr bool kInt8Scatters = false;
-#else
-constexpr bool kInt8Scatters = true;
-#endif
-
 struct Int8Model {
   std::vector<size_t> numel;
   std::vector<ddp_dtype_t> dtype;
@@ -630,7 +623,7 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
   const Closer closer{d};
   // The reduce-scatter (from world 3, by default) re-quantizes each shard's sum and feeds that
   // rounding back too: a second error of the same size, bounded by the sum of the ranks' block maxima.
-  const double requant = kInt8Scatters && g_world >= 3 ? 2.0 : 1.0;
+  const double requant = g_world >= 3 ? 2.0 : 1.0;
   // m.copy[g]: the host image of grad g, written to and read back from its storage (device memory
   // over NCCL), which the copy layout allocates here and the arena layout names.
   m.copy.resize(m.numel.size());
@@ -819,7 +812,7 @@ bool int8_exact_case(int arena, int min_world, uint64_t seed, int iters, uint64_
           for (int r = 0; r < g_world; ++r)
             for (size_t i = 0; i < m.numel[g]; ++i)
               xs[static_cast<size_t>(r)][m.offset[g] + i] = int8_input(seed, r, it, m, g, i);
-      const bool scatter = kInt8Scatters && int8_model::scatters(bn, g_world, min_world);
+      const bool scatter = int8_model::scatters(bn, g_world, min_world);
       const std::vector<double> want = int8_model::model_int8(
           xs, res[static_cast<size_t>(b)], shard[static_cast<size_t>(b)], scatter, bucket_f32[static_cast<size_t>(b)]);
       for (size_t g = 0; g < m.numel.size(); ++g) {
@@ -863,7 +856,7 @@ void test_int8_exact(uint64_t seed) {
     // to gain all-gathers either way).
     why.clear();
     bool ok = true;
-    if (kInt8Scatters && g_world >= 3 && !(by_scatter < by_gather)) {
+    if (g_world >= 3 && !(by_scatter < by_gather)) {
       ok = false;
       why = "bytes sent: reduce-scatter " + std::to_string(by_scatter) + ", all-gather " + std::to_string(by_gather);
     }

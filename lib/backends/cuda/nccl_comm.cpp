@@ -262,6 +262,33 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
     s.watch(this, dl);
   }
 
+  // The int8 wire's reduce-scatter: a send to and a receive from every rank (itself included), in
+  // one group so that NCCL matches and overlaps them (ncclSend / ncclRecv: NCCL 2.7).
+  bool has_alltoall() const override { return api().version >= 20700; }
+  void alltoall(const void* send, void* recv, size_t bytes, Stream& s, Deadline dl) override {
+    cudaStream_t cs = collective_stream(s, Dtype::F32);
+    DeviceGuard g(device_);
+    std::unique_lock<std::mutex> lock = hold();
+    group_start();
+    try {
+      for (int j = 0; j < size_; ++j) {
+        const size_t at = static_cast<size_t>(j) * bytes;
+        DDP_NCCL_RUN(ncclSend(static_cast<const char*>(send) + at, bytes, ncclUint8, j, comm_, cs), comm_, dl);
+        DDP_NCCL_RUN(ncclRecv(static_cast<char*>(recv) + at, bytes, ncclUint8, j, comm_, cs), comm_, dl);
+      }
+      in_group(dl);
+    } catch (...) {
+      try {
+        group_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    group_end();
+    wire_bytes()->alltoall(bytes, size_);
+    s.watch(this, dl);
+  }
+
   void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) override {
     live();
     if (root < 0 || root >= size_)
