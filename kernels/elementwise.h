@@ -145,13 +145,20 @@ DDP_HD typename Dst::storage scaled_cast(typename Src::storage in, double scale,
   return Dst::store(static_cast<typename Dst::math>(v));
 }
 
+// A NaN sum of 16-bit values is the positive default quiet NaN: which of two NaN operands an addition
+// propagates is the compiler's (operand order) and the hardware's choice, so the host's portable and
+// vector loops and a GPU would otherwise store different NaN bits. Wider sums keep what they get.
+DDP_HD float defined_nan(float v, uint16_t) { return v == v ? v : bits_f32(0x7fc00000u); }
+DDP_HD float defined_nan(float v, float) { return v; }
+DDP_HD double defined_nan(double v, double) { return v; }
+
 // out = T((a + b) * scale): the sum of two partial sums, then (unless `unit`) the averaging factor,
 // each rounded in T's math type: bit for bit a sum followed by a separate scaling pass.
 template <class T>
 DDP_HD typename T::storage sum_scaled(typename T::storage a, typename T::storage b, typename T::math scale, bool unit) {
   typename T::math v = T::load(a) + T::load(b);
   if (!unit) v *= scale;
-  return T::store(v);
+  return T::store(defined_nan(v, typename T::storage()));
 }
 
 template <class T>

@@ -46,13 +46,15 @@ DDP_SIMD inline __m128i narrow16(__m256i v) {
 }
 
 // 8 floats to fp16. The hardware's rounding (to nearest even, subnormals, overflow to Inf) is the
-// portable one; a NaN keeps payload bits there, while elem::f32_to_f16 sends sign | 0x7e00.
-DDP_SIMD inline void f16_store(uint16_t* p, __m256 v) {
+// portable one; a NaN keeps payload bits there, while elem::f32_to_f16 sends sign | 0x7e00 (a sum's
+// NaN, `sum`: 0x7e00, elem::defined_nan).
+DDP_SIMD inline void f16_store(uint16_t* p, __m256 v, bool sum = false) {
   __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   if (_mm256_movemask_ps(nan) != 0) {
     const __m256i u = _mm256_castps_si256(v);
-    const __m256i sign = _mm256_srli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(INT32_MIN)), 16);
+    const __m256i sign =
+        sum ? _mm256_setzero_si256() : _mm256_srli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(INT32_MIN)), 16);
     const __m256i m = _mm256_castps_si256(nan);
     const __m128i m16 = _mm_packs_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
     h = _mm_blendv_epi8(h, narrow16(_mm256_or_si256(sign, _mm256_set1_epi32(0x7e00))), m16);
@@ -66,15 +68,15 @@ DDP_SIMD inline __m256 bf16_load(const uint16_t* p) {
 }
 
 // elem::f32_to_bf16 on 8 lanes, in the same integer steps: round the dropped half to nearest even,
-// a NaN keeps its top bits with the quiet bit set.
-DDP_SIMD inline void bf16_store(uint16_t* p, __m256 v) {
+// a NaN keeps its top bits with the quiet bit set (a sum's NaN, `sum`: 0x7fc0, elem::defined_nan).
+DDP_SIMD inline void bf16_store(uint16_t* p, __m256 v, bool sum = false) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
   const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
   const __m256i hi = _mm256_srli_epi32(u, 16);
   const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
   const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  const __m256i quiet = sum ? _mm256_set1_epi32(0x7fc0) : _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow16(_mm256_blendv_epi8(r, quiet, nan)));
 }
 
@@ -88,11 +90,13 @@ struct F16v {
   typedef uint16_t T;
   DDP_SIMD static __m256 load(const uint16_t* p) { return f16_load(p); }
   DDP_SIMD static void store(uint16_t* p, __m256 v) { f16_store(p, v); }
+  DDP_SIMD static void store_sum(uint16_t* p, __m256 v) { f16_store(p, v, true); }
 };
 struct BF16v {
   typedef uint16_t T;
   DDP_SIMD static __m256 load(const uint16_t* p) { return bf16_load(p); }
   DDP_SIMD static void store(uint16_t* p, __m256 v) { bf16_store(p, v); }
+  DDP_SIMD static void store_sum(uint16_t* p, __m256 v) { bf16_store(p, v, true); }
 };
 
 // The last n % 8 elements go through the same vector code from a zero-padded copy, so that no
@@ -110,17 +114,18 @@ DDP_SIMD void cast(const typename S::T* in, typename D::T* out, size_t n, float 
   std::memcpy(out + i, o, (n - i) * sizeof o[0]);
 }
 
+// elem::sum_scaled: the sum, scaled, stored with a NaN made the default quiet NaN (store_sum).
 // Both inputs are loaded before the store, so out may be a.
 template <class V>
 DDP_SIMD void sum(const uint16_t* a, const uint16_t* b, uint16_t* out, size_t n, float scale, bool unit) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) V::store(out + i, scaled(_mm256_add_ps(V::load(a + i), V::load(b + i)), s, unit));
+  for (; i + 8 <= n; i += 8) V::store_sum(out + i, scaled(_mm256_add_ps(V::load(a + i), V::load(b + i)), s, unit));
   if (i == n) return;
   uint16_t x[8] = {}, y[8] = {}, o[8];
   std::memcpy(x, a + i, (n - i) * 2);
   std::memcpy(y, b + i, (n - i) * 2);
-  V::store(o, scaled(_mm256_add_ps(V::load(x), V::load(y)), s, unit));
+  V::store_sum(o, scaled(_mm256_add_ps(V::load(x), V::load(y)), s, unit));
   std::memcpy(out + i, o, (n - i) * 2);
 }
 

@@ -314,3 +314,38 @@ TEST_CASE("int8 rounds from the grads (copy layout): the bits of pack + quantize
     REQUIRE(grads == want);
   }
 }
+
+TEST_CASE("16-bit sums: a NaN sum is the default quiet NaN on both paths, whichever NaN came first") {
+  // fp16 and bf16 NaNs of both signs and several payloads, quiet and signalling, against each other,
+  // numbers and infinities (Inf - Inf); every lane position of a vector and its tail.
+  const uint16_t f16[] = {0x7e00, 0xfe00, 0x7c01, 0xfd55, 0x7fff, 0x3c00, 0xfc00, 0x7c00};
+  const uint16_t bf16[] = {0x7fc0, 0xffc0, 0x7f81, 0xffaa, 0x7fff, 0x3f80, 0xff80, 0x7f80};
+  for (Dtype d : {Dtype::F16, Dtype::BF16}) {
+    const uint16_t* v = d == Dtype::F16 ? f16 : bf16;
+    const uint16_t want = d == Dtype::F16 ? 0x7e00 : 0x7fc0;
+    std::vector<uint16_t> a, b;
+    for (int i = 0; i < 8; ++i)
+      for (int j = 0; j < 8; ++j) {
+        a.push_back(v[i]);
+        b.push_back(v[j]);
+      }
+    a.resize(a.size() + 5, v[0]);  // a tail of 5 lanes
+    b.resize(b.size() + 5, v[1]);
+    for (bool simd : {false, true}) {
+      if (simd && !host::simd::supported()) continue;
+      OnPath path(simd);
+      for (double scale : {1.0, 0.25}) {
+        std::vector<uint16_t> out(a.size(), 1);
+        host::sum_scaled(a.data(), b.data(), out.data(), a.size(), d, scale);
+        for (size_t k = 0; k < a.size(); ++k) {
+          const bool nan_in = (a[k] & 0x7fff) > (d == Dtype::F16 ? 0x7c00 : 0x7f80) ||
+                              (b[k] & 0x7fff) > (d == Dtype::F16 ? 0x7c00 : 0x7f80) ||
+                              ((a[k] & 0x7fff) == (d == Dtype::F16 ? 0x7c00 : 0x7f80) && (b[k] ^ a[k]) == 0x8000);
+          if (!nan_in) continue;
+          INFO("dtype ", dtype_name(d), " simd ", simd, " scale ", scale, " a ", a[k], " b ", b[k]);
+          CHECK(out[k] == want);
+        }
+      }
+    }
+  }
+}
