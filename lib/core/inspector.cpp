@@ -135,9 +135,8 @@ void Context::watch_peers() {
   silent_.resize(pos.size(), 0);
   int gone = -1;
   for (size_t r = 0; r < pos.size(); ++r) {
-    const Liveness l = liveness_of(pos[r]);
-    silent_[r] = l == Liveness::Alive ? 0 : l == Liveness::Gone ? 2 : silent_[r] + 1;  // refused: at once
-    if (silent_[r] >= 2 && gone < 0) gone = static_cast<int>(r);
+    silent_[r] = silent_asks(silent_[r], liveness_of(pos[r]));
+    if (silent_[r] >= kLostAfterAsks && gone < 0) gone = static_cast<int>(r);
   }
   if (gone < 0) return;
   std::fill(silent_.begin(), silent_.end(), 0);

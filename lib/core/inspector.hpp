@@ -44,6 +44,12 @@ enum class Liveness : int8_t { Alive, Silent, Gone };
 inline Liveness liveness_of(const Position& p) {
   return p.iteration >= 0 ? Liveness::Alive : p.iteration == -2 ? Liveness::Gone : Liveness::Silent;
 }
+// A rank is taken for lost after kLostAfterAsks asks in a row without an answer, or one refusal (its
+// process is gone). silent_asks: that count after one more ask that said `l`.
+constexpr int kLostAfterAsks = 2;
+inline int silent_asks(int before, Liveness l) {
+  return l == Liveness::Alive ? 0 : l == Liveness::Gone ? kLostAfterAsks : before + 1;
+}
 
 // Asks every rank of a communicator where it stands, never blocking on one that does not answer.
 // Made collectively (Comm::make_prober); each rank's prober answers the others in the background,

@@ -12,7 +12,7 @@ namespace {
 std::vector<char> bytes(const std::string& t) { return std::vector<char>(t.begin(), t.end()); }
 
 // The check-ins: in[r] is the iterations rank r committed, -1 while it has not checked in. Returns
-// when every rank checked in or was silent for two asks in a row, or at `window`.
+// when every rank checked in or was taken for lost (silent_asks), or at `window`.
 std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int rank, int n,
                                     const std::function<std::vector<Liveness>()>& answering, Deadline window,
                                     Deadline dl) {
@@ -25,15 +25,14 @@ std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int r
       std::vector<char> v;
       if (in[r] < 0 && store.try_get(base + "/in/" + std::to_string(r), &v, dl))
         in[r] = std::atoll(std::string(v.begin(), v.end()).c_str());
-      if (in[r] < 0 && silent[r] < 2) ++waiting;  // (one refused ask suffices: see below)
+      if (in[r] < 0 && silent[r] < kLostAfterAsks) ++waiting;
     }
     if (waiting == 0 || window.passed()) return in;
     if (dl.passed()) fail(DDP_ERR_TIMEOUT, "rank %d: the ranks did not agree on a membership in time", rank);
     const uint64_t now = now_ns();
     if (now >= next_ask) {
       const std::vector<Liveness> alive = answering();
-      for (size_t r = 0; r < silent.size(); ++r)
-        silent[r] = alive[r] == Liveness::Alive ? 0 : alive[r] == Liveness::Gone ? 2 : silent[r] + 1;
+      for (size_t r = 0; r < silent.size(); ++r) silent[r] = silent_asks(silent[r], alive[r]);
       next_ask = now_ns() + 100 * 1000000ull;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
