@@ -84,7 +84,9 @@ else:  # a one-rank comm in a job of more: refused
     try:
         ltorch.DistributedDataParallel(model, libddp.Comm.self())
     except libddp.InvalidStateError as e:
-        print("rank %s refused: %s" % (os.environ["RANK"], e), flush=True)
+        # one write(2) of the whole line: on a pipe (under PIPE_BUF) it never interleaves with the
+        # other rank's, where print() may write the text and its newline apart (python -u)
+        os.write(1, ("rank %s refused: %s\n" % (os.environ["RANK"], e)).encode())
         sys.exit(0)
     sys.exit("rank %s: trained alone" % os.environ["RANK"])
 model(torch.full((1, 3), float(os.environ["RANK"]))).sum().backward()
@@ -111,7 +113,7 @@ def test_a_one_rank_comm_in_a_job_of_two_raises(tmp_path):
     script.write_text(TRAINS_ALONE)
     rc, out = launch(2, [PYTHON, str(script), "self"])
     assert rc == 0, out
-    refused = re.findall(r"rank \d refused: (.*)", out)
+    refused = re.findall(r"rank \d refused: (.*?)(?=rank \d refused: |\n|$)", out)
     assert len(refused) == 2, out
     assert "rank 0 of 1" in refused[0] and "WORLD_SIZE says the job has 2 processes" in refused[0], refused[0]
     assert "torchrun" in refused[0] and "mpirun -np N" in refused[0], refused[0]
