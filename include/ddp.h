@@ -303,6 +303,13 @@ DDP_API ddp_status_t ddp_comm_init_nccl_store(const char* init_method, int rank,
 /* As ddp_comm_init_nccl_store, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
 DDP_API ddp_status_t ddp_comm_init_nccl_store_timeout(const char* init_method, int rank, int size, int cuda_device,
                                                       int64_t timeout_ms, ddp_comm_t* comm);
+/* As ddp_comm_join_gloo, for an elastic job whose ranks made their communicators with
+ * ddp_comm_init_nccl_store: the joiner is admitted over the job's Gloo communicator, then makes an
+ * NCCL communicator on `cuda_device` with the job's ranks (bounded by `timeout_ms` too). Contexts
+ * over NCCL communicators made this way are elastic (config.elastic): after a loss, ddp_recover
+ * agrees on the survivors over Gloo and makes a new NCCL communicator over them. DDP_ERR_UNSUPPORTED
+ * in a build without CUDA or without Gloo. */
+DDP_API ddp_status_t ddp_comm_join_nccl(const char* init_method, int cuda_device, int64_t timeout_ms, ddp_comm_t* comm);
 /* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
  * destroys it; it must outlive every context made over the returned comm. */
 DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);
@@ -415,7 +422,8 @@ typedef struct ddp_config {
   /* Version 5 (libddp 0.2). Elastic: a collective that fails because a peer died, was cut off or
    * stalled past timeout_ms ends the call with DDP_ERR_RANK_LOST instead of aborting the context;
    * ddp_recover then rebuilds it over the ranks that are left (see there). Needs a communicator that
-   * can be rebuilt (Gloo; ddp_create says DDP_ERR_UNSUPPORTED for the others, naming them) and is
+   * can be rebuilt (Gloo, a local group, NCCL made by ddp_comm_init_nccl_store; ddp_create says
+   * DDP_ERR_UNSUPPORTED for the others, naming them) and is
    * not available with config.shard, config.uneven_inputs or config.stream_comms. Default 0: off. */
   int elastic;
   /* Version 5. Stragglers (see ddp_stats_t.straggler_rank): a warning through the log callback when
@@ -616,8 +624,8 @@ typedef struct ddp_membership {
  * and every rank, joiners included, then takes the state of membership->source; make the call again
  * afterwards. If a joiner died on the way, the membership stays as it was (epoch unchanged).
  * Collective over the job's ranks and the joiners.
- * On a joiner's context (ddp_comm_join_gloo): asks to be admitted and waits for it (the bound of
- * ddp_comm_join_gloo), then reports the membership it joined; take the state of membership->source
+ * On a joiner's context (ddp_comm_join_gloo, ddp_comm_join_nccl): asks to be admitted and waits for
+ * it (the bound given there), then reports the membership it joined; take the state of membership->source
  * (ddp_broadcast, or ddp_broadcast_params) and go on from membership->committed iterations. The job
  * refuses a joiner whose config or grads differ from its own: DDP_ERR_MISMATCH with the job's
  * reason; DDP_ERR_TIMEOUT when no job admitted it in time. Either way it stays a joiner and may ask

@@ -83,6 +83,14 @@ $(SIM_MPI_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN): tests/support/reference.hpp
 	  $(MPI_CFLAGS) $(filter %.cpp,$^) -o $@ -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(SIM_LINK) $(LDFLAGS_ALL) \
 	  $(MPI_LIBS)
 
+# Elastic NCCL (ranks lost and joined) over the simulated NCCL: tests/gpusim/run_elastic.sh.
+SIM_ELASTIC_BIN := $(BUILD)/tests/elastic_nccl
+$(SIM_ELASTIC_BIN): tests/gpusim/elastic_nccl.cpp include/ddp.h $(BUILD)/lib/libddp.so
+	$(call say,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $(SIM_INC) -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ \
+	  -L$(BUILD)/lib -lddp -Wl,-rpath,$(abspath $(BUILD)/lib) $(SIM_LINK) $(LDFLAGS_ALL) $(MPI_LIBS)
+
 # The example trainer's CUDA variant.
 SIM_DEMO_BIN := $(BUILD)/examples/mlp_trainer_gpusim
 $(SIM_DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
@@ -96,8 +104,8 @@ GPUSIM_TSAN ?=
 .PHONY: gpusim-run gpusim-gpu
 gpusim-gpu: $(SIM_GPU_BIN)
 	$(Q)DDP_GPUSIM_DEVICES=2 tests/gpu/suite.sh $(SIM_GPU_BIN)
-gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN)
+gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN) $(SIM_ELASTIC_BIN)
 	$(Q)BUILD=$(BUILD) MPIRUN="$(MPIRUN)" TSAN_BUILD="$(GPUSIM_TSAN)" MAKE_CMD="$(MAKE) --no-print-directory" \
-	  SHARD_BIN=$(SIM_SHARD_BIN) FEATURES_BIN=$(SIM_FEATURES_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
+	  SHARD_BIN=$(SIM_SHARD_BIN) FEATURES_BIN=$(SIM_FEATURES_BIN) ELASTIC_BIN=$(SIM_ELASTIC_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
 
 endif

@@ -232,6 +232,15 @@ ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp
   });
 }
 
+ddp_status_t ddp_comm_join_nccl(const char* init_method, int cuda_device, int64_t timeout_ms, ddp_comm_t* out) {
+  return guard(__func__, [&] {
+    need(out, "comm");
+    if (cuda_device < 0) fail(DDP_ERR_INVALID_ARGUMENT, "cuda_device is %d", cuda_device);
+    check_init_timeout(timeout_ms);
+    *out = wrap(make_nccl_join_comm(init_method, cuda_device, timeout_ms));  // the device first, then Gloo
+  });
+}
+
 ddp_status_t ddp_comm_init_nccl_store(const char* init_method, int rank, int size, int cuda_device, ddp_comm_t* out) {
   return guard(__func__,
                [&] { init_nccl_store(init_method, rank, size, cuda_device, default_init_timeout_ms(), out); });

@@ -41,6 +41,10 @@ std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, 
 // The id made on rank 0 of `host` (any host communicator: Gloo, MPI) and broadcast over it; `host`
 // stays with the NCCL communicator, for the stall inspector.
 std::unique_ptr<Comm> make_nccl_comm_host(std::unique_ptr<Comm> host, int cuda_device, int64_t timeout_ms);
+// A joiner of a running elastic job whose communicators were made by make_nccl_comm_host over Gloo
+// (ddp_comm_init_nccl_store): it meets the job's Gloo communicator through `init_method`'s store, then
+// an NCCL communicator on `cuda_device` over it. Gives up after `timeout_ms` (0: never).
+std::unique_ptr<Comm> make_nccl_join_comm(const char* init_method, int cuda_device, int64_t timeout_ms);
 // Borrows a ncclComm_t; never destroys it.
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm);
 

@@ -33,8 +33,8 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   if (cfg_.c.elastic && !comm.can_regroup())
     fail(DDP_ERR_UNSUPPORTED,
          "config.elastic needs a communicator that can be rebuilt over the ranks left after a loss: Gloo "
-         "(ddp_comm_init_gloo) or a local group. MPI cannot shrink a communicator (it would need ULFM); NCCL is "
-         "not rebuilt yet");
+         "(ddp_comm_init_gloo), a local group, or NCCL made over Gloo (ddp_comm_init_nccl_store). MPI cannot "
+         "shrink a communicator (it would need ULFM), nor an NCCL communicator made over MPI or borrowed");
   device_ = comm.make_device();
   attach(comm);
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
@@ -179,7 +179,7 @@ void Context::commit_locked() {
     // Ranks disagree, one did not come, or a buffer could not be had: nothing sensible can follow.
     // A timeout says who did not come (the stall inspector's picture), as a backward pass's does.
     // An elastic context that lost a rank here commits again over the survivors after ddp_recover.
-    if (cfg_.c.elastic && !aborted_ && (e.status() == DDP_ERR_TIMEOUT || e.status() == DDP_ERR_ABORTED)) {
+    if (peer_failure(e.status())) {
       reducer_.reset();
       throw lose(e);
     }

@@ -93,6 +93,11 @@ class Context {
   // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
+  // Whether an error of status `st` is taken for a lost peer (elastic contexts): a timeout, an abort
+  // (a severed connection), or an NCCL error (NCCL reports a dead peer as a remote or system error).
+  bool peer_failure(ddp_status_t st) const {
+    return cfg_.c.elastic && !aborted_ && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED || st == DDP_ERR_NCCL);
+  }
   // When a collective started now must have completed.
   Deadline deadline() const { return Deadline::after_ms(cfg_.c.timeout_ms); }
   void commit_locked();
@@ -216,7 +221,7 @@ void Context::fatal_on_error(F&& fn) {
         st == DDP_ERR_RANK_LOST)
       throw;  // the call was refused (the context is intact), or the loss is handled already
     // A peer that died, was cut off or stalled (a failed exchange): an elastic context goes on.
-    if (cfg_.c.elastic && !aborted_ && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED)) throw lose(e);
+    if (peer_failure(st)) throw lose(e);
     if (st == DDP_ERR_TIMEOUT) {
       Error told(st, e.what() + picture(500));
       abort(told);

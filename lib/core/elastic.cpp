@@ -295,7 +295,7 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
   std::string note;
   std::unique_ptr<Comm> comm;
   try {
-    comm = base_->join(join_request(join_terms(cfg_, Memory::Host, specs_, static_cast<bool>(hook_))), &note,
+    comm = base_->join(join_request(join_terms(cfg_, base_->memory(), specs_, static_cast<bool>(hook_))), &note,
                        Deadline::never());
   } catch (const Error& e) {
     // Refused, or no answer in time: as it is. Anything else (the job gave up on this admission and

@@ -128,8 +128,9 @@ void Context::finish_backward(void* stream) {
     mine.ready = static_cast<int64_t>(end - std::max(begin_ns_, last_ready_ns_));
     mine.entry = static_cast<int64_t>(end - std::min(end, std::max(begin_ns_, reducer_->latest_start_ns())));
     // (DDP_UNUSED_ZERO makes no exchange after the buckets, and none is added for the times: on GPUs
-    // it would make the host wait for the device in every iteration. Elastic contexts, on host memory,
-    // always exchange: the report carries what each rank's join watch saw.)
+    // it would make the host wait for the device in every iteration. Elastic contexts always exchange:
+    // the report carries what each rank's join watch saw; on GPUs it runs over the NCCL communicator's
+    // Gloo control path, which does not wait for the device.)
     if (!cfg_.unused_zero() || cfg_.c.elastic) {
       static const std::vector<int> none;
       unused_text = unused_report_.exchange(*ctrl_, cfg_.unused_zero() ? none : scratch_unused_, deadline(), true, mine,

@@ -65,7 +65,8 @@ void Reducer::run_step(int b, Step step) {
       case Step::Out: return step_out(b);
     }
   } catch (const Error& e) {
-    if (env_.on_failure && (e.status() == DDP_ERR_TIMEOUT || e.status() == DDP_ERR_ABORTED)) env_.on_failure();
+    const ddp_status_t st = e.status();
+    if (env_.on_failure && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED || st == DDP_ERR_NCCL)) env_.on_failure();
     throw Error(e.status(), where(b) + e.what());
   }
 }

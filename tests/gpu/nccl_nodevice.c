@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
   expect_untouched("ddp_comm_init_nccl_timeout", comm);
   expect("ddp_comm_init_nccl_mpi_timeout", ddp_comm_init_nccl_mpi_timeout(NULL, 0, 1000, &comm), want, needle);
   expect_untouched("ddp_comm_init_nccl_mpi_timeout", comm);
+  expect("ddp_comm_join_nccl", ddp_comm_join_nccl("file:///nonexistent-libddp-store", 0, 1000, &comm), want, needle);
+  expect_untouched("ddp_comm_join_nccl", comm);
   /* A pointer that is no communicator at all must not be touched when no device exists. */
   expect("ddp_comm_wrap_nccl", ddp_comm_wrap_nccl((void*)(size_t)0x1000, &comm), want, needle);
   expect_untouched("ddp_comm_wrap_nccl", comm);
@@ -61,6 +63,12 @@ int main(int argc, char** argv) {
   expect("ddp_comm_init_nccl_timeout(-1)", ddp_comm_init_nccl_timeout(&id, 1, 0, 0, -1, &comm),
          DDP_ERR_INVALID_ARGUMENT, "timeout_ms is -1");
   expect("ddp_comm_wrap_nccl(NULL)", ddp_comm_wrap_nccl(NULL, &comm), DDP_ERR_INVALID_ARGUMENT, "nccl_comm");
+  expect("ddp_comm_join_nccl(device -1)", ddp_comm_join_nccl("env://", -1, 1000, &comm), DDP_ERR_INVALID_ARGUMENT,
+         "cuda_device is -1");
+  expect("ddp_comm_join_nccl(timeout -1)", ddp_comm_join_nccl("env://", 0, -1, &comm), DDP_ERR_INVALID_ARGUMENT,
+         "timeout_ms is -1");
+  expect("ddp_comm_join_nccl(comm NULL)", ddp_comm_join_nccl("env://", 0, 1000, NULL), DDP_ERR_INVALID_ARGUMENT,
+         "comm");
   /* The host path still works in the same process. */
   {
     ddp_comm_t self = NULL;

@@ -4,7 +4,7 @@
 # under TSan. Each part prints "name: P passed, F failed[, S skipped]"; the last line sums them:
 #   "gpusim: P passed, F failed, S skipped"
 # Usage: tests/gpusim/run.sh GPU_TESTS MPI_NCCL_BIN TRAINER_BIN (env: BUILD, MPIRUN, TSAN_BUILD, MAKE_CMD,
-# SHARD_BIN: the shard suite's binary, FEATURES_BIN: the features suite's)
+# SHARD_BIN: the shard suite's binary, FEATURES_BIN: the features suite's, ELASTIC_BIN: elastic_nccl's)
 gpu_bin=$1 mpi_bin=$2 demo_bin=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -38,6 +38,13 @@ nccl_part() {  # a multi-rank suite's binary $2 over the simulated NCCL at every
 nccl_part "the multi-rank reduction suite" "$mpi_bin" mpi-nccl
 if [ -n "${SHARD_BIN:-}" ]; then nccl_part "the multi-rank shard suite" "$SHARD_BIN" mpi-nccl-shard; fi
 if [ -n "${FEATURES_BIN:-}" ]; then nccl_part "the features suite" "$FEATURES_BIN" mpi-nccl-features; fi
+
+if [ -n "${ELASTIC_BIN:-}" ]; then
+  echo "== elastic NCCL: a rank killed, a rank joining (tests/gpusim/run_elastic.sh)"
+  out=$(MPIRUN="$MPIRUN" "$here/run_elastic.sh" "$ELASTIC_BIN" 2>&1); rc=$?
+  echo "$out" | tail -n 40
+  add "$out" "elastic-nccl" $rc
+fi
 
 echo "== the example trainer, CUDA variant, 2 ranks over the simulated NCCL"
 p=0 f=0

@@ -153,6 +153,19 @@ function nccl_store(init_method::AbstractString="env://"; rank::Integer=-1, size
     return Comm(out[])
 end
 
+"""
+    join_nccl(init_method="env://"; device=0, timeout_ms=300000) -> Comm
+
+A joiner's comm for an elastic job whose ranks use `nccl_store` (ddp_comm_join_nccl): admitted as in
+`join_gloo`, then it makes an NCCL communicator on CUDA device `device` with the job's ranks.
+"""
+function join_nccl(init_method::AbstractString="env://"; device::Integer=0, timeout_ms::Integer=300000)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:ddp_comm_join_nccl), Cint, (Cstring, Cint, Int64, Ref{Ptr{Cvoid}}), String(init_method), device,
+                timeout_ms, out))
+    return Comm(out[])
+end
+
 handle(c::Comm) = c.handle == C_NULL ? throw(DDPError(ERR_INVALID_STATE, "LibDDP: this Comm is closed")) : c.handle
 
 function rank(c::Comm)

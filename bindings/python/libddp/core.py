@@ -176,6 +176,19 @@ class Comm(_Handle):
         return cls(h.value)
 
     @classmethod
+    def join_nccl(cls, init_method="env://", device=0, timeout_ms=None):
+        """A joiner's comm for an elastic job whose ranks use nccl_store(): admitted as in join_gloo(), then
+        it makes an NCCL comm on CUDA device `device` with the job's ranks. Bounded as join_gloo()."""
+        h = L.ddp_comm_t()
+        method = None if init_method is None else str(init_method).encode()
+        if timeout_ms is None:
+            timeout_ms = int(os.environ.get("DDP_INIT_TIMEOUT_MS") or 300000)
+        L.lib.ddp_comm_join_nccl(method, int(device), int(timeout_ms), ctypes.byref(h))
+        comm = cls(h.value)
+        comm._joining = True  # no rank or size until admitted
+        return comm
+
+    @classmethod
     def self(cls):
         """A one-rank comm needing no MPI."""
         h = L.ddp_comm_t()

@@ -113,3 +113,13 @@ def test_unsupported_or_device_error_for_nccl_without_a_gpu():
     except (libddp.UnsupportedError, libddp.CudaError, libddp.NcclError) as e:
         assert e.message.startswith("ddp_")
     # with a CUDA build and a GPU the id is made: nothing to check here
+
+
+def test_join_nccl_without_a_gpu_names_the_cause():
+    """Comm.join_nccl checks its device before it files a join request (no store is touched)."""
+    try:
+        libddp.Comm.join_nccl("file:///nonexistent-libddp-store", device=0, timeout_ms=100)
+    except (libddp.UnsupportedError, libddp.CudaError) as e:
+        assert e.message.startswith("ddp_comm_join_nccl"), e.message
+    else:  # a CUDA build on a machine with a GPU: a joiner's comm, which has no rank until admitted
+        pass

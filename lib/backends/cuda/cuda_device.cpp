@@ -329,11 +329,17 @@ void CudaStream::drain(Deadline deadline) {
   DeviceGuard g(device_);
   const Deadline warn_at = Deadline::after_ms(stall_ms_);
   bool warned = stall_ms_ <= 0 || !stall_warn_;
+  const bool watching = peer_ms_ > 0 && peer_check_;
+  Deadline ask_at = Deadline::after_ms(peer_ms_);
   for (unsigned spin = 0; !idle(); ++spin) {
     if (deadline.passed()) fail(DDP_ERR_TIMEOUT, "stream %d: work still running at the deadline", index_);
     if (!warned && warn_at.passed()) {
       warned = true;
       stall_warn_();
+    }
+    if (watching && ask_at.passed()) {
+      peer_check_();
+      ask_at = Deadline::after_ms(peer_ms_);
     }
     if (spin < 64)
       sched_yield();

@@ -83,6 +83,12 @@ class CudaStream final : public Stream, public Watched {
     stall_ms_ = ms;
     stall_warn_ = std::move(warn);
   }
+  // Elastic contexts: a drain still waiting after `ms` asks `check` (which may sever the
+  // communicators: the waited-for work then fails) and again every `ms` while it waits.
+  void set_peer_watch(int64_t ms, std::function<void()> check) override {
+    peer_ms_ = ms;
+    peer_check_ = std::move(check);
+  }
 
   cudaStream_t stream() const { return stream_; }
   // The user's stream -> this stream, and back (one event each, reused: recording again is safe
@@ -127,7 +133,9 @@ class CudaStream final : public Stream, public Watched {
   std::vector<AsyncErrorSource*> sources_;
   std::deque<Mark> marks_;
   std::vector<cudaEvent_t> spare_;  // events of finished marks, for reuse
-  Deadline unmarked_;               // the oldest deadline of collectives enqueued after the last mark
+  int64_t peer_ms_ = 0;
+  std::function<void()> peer_check_;
+  Deadline unmarked_;  // the oldest deadline of collectives enqueued after the last mark
   bool has_unmarked_ = false;
   bool late_ = false;  // the watchdog found a collective past its deadline and aborted its sources
   int late_tag_ = -1;  // the oldest bucket not finished when the stream was found late (-1: none marked)

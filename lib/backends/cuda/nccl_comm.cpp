@@ -85,6 +85,13 @@ void backoff(unsigned spin) {
     std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 50 : 1000));
 }
 
+// What is left of `dl` as a creation bound in milliseconds (0: none, as make_nccl_comm_host takes it).
+int64_t ms_left(Deadline dl) {
+  if (dl.infinite()) return 0;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(dl.at() - std::chrono::steady_clock::now());
+  return std::max<int64_t>(1, left.count());
+}
+
 // A nonblocking communicator answers ncclInProgress while a call goes on in the background, and
 // nothing else may be called on it until ncclCommGetAsyncError stops saying so. ncclInProgress here
 // means `dl` passed first.
@@ -130,7 +137,8 @@ class NcclComm;
 struct Family {
   std::mutex mu;
   std::vector<NcclComm*> members;
-  std::atomic<bool> late{false};  // a member's collective passed its deadline: all were aborted
+  std::atomic<bool> late{false};     // a member's collective passed its deadline: all were aborted
+  std::atomic<bool> severed{false};  // elastic: a peer was lost and the siblings were closed for it
   void join(NcclComm* c) {
     std::lock_guard<std::mutex> lock(mu);
     members.push_back(c);
@@ -326,6 +334,11 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   // waited for by polling against the deadline.
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     live();
+    if (host_control()) {
+      mpi_->allgather_host(in, out, bytes, dl);
+      wire_bytes()->allgather(bytes, size_);
+      return;
+    }
     DeviceGuard g(device_);
     const size_t total = bytes * (static_cast<size_t>(size_) + 1);
     char* d = ctrl_buffer(total);
@@ -346,6 +359,11 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
     if (root < 0 || root >= size_)
       fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range 0..%d", root, size_ - 1);
     if (bytes == 0) return;
+    if (host_control()) {
+      mpi_->broadcast_host(buf, bytes, root, dl);
+      wire_bytes()->broadcast(bytes, size_, rank_, root);
+      return;
+    }
     DeviceGuard g(device_);
     char* d = ctrl_buffer(bytes);
     if (rank_ == root) {
@@ -369,6 +387,50 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
       abort_one();
   }
 
+  // Elastic contexts, on a communicator made over a Gloo one (ddp_comm_init_nccl_store): the Gloo
+  // communicator agrees on the ranks left (or admits joiners) through its store and carries a new
+  // NCCL id to them; the old NCCL communicators are aborted, never reused.
+  bool can_regroup() const override { return mpi_ && mpi_->can_regroup(); }
+  // Aborts every sibling and closes the host connections: peers blocked on this rank's prober or
+  // control path fail now. A severed communicator's streams fail (check_async), where an abort
+  // alone would let them end as if their collectives had completed.
+  void sever() override { severer()(); }
+  std::function<void()> severer() override {
+    std::function<void()> host = mpi_ ? mpi_->severer() : std::function<void()>([] {});
+    if (member_) {
+      std::shared_ptr<Family> family = family_;
+      return [host, family] {
+        family->severed = true;
+        family->abort_all();
+        host();
+      };
+    }
+    // A parent (not split by libddp) is severed only by its owner, through sever(), while it lives.
+    return [this, host] {
+      severed_ = true;
+      abort_one();
+      host();
+    };
+  }
+  Regrouped regroup(const std::string& epoch, int64_t committed,
+                    const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) override {
+    if (!can_regroup())
+      fail(DDP_ERR_UNSUPPORTED,
+           "this NCCL communicator cannot be rebuilt over fewer ranks: only one made over a Gloo store "
+           "(ddp_comm_init_nccl_store) can");
+    Regrouped g = mpi_->regroup(epoch, committed, answering, window, dl);
+    g.comm = make_nccl_comm_host(std::move(g.comm), device_, ms_left(dl));
+    return g;
+  }
+  std::shared_ptr<JoinDesk> join_desk() override { return can_regroup() ? mpi_->join_desk() : nullptr; }
+  // The new membership's Gloo communicator first (the joiners meet it in their join), then an NCCL
+  // communicator over it, made the same way on the joiners (NcclJoiningComm::join).
+  std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
+                              Deadline dl) override {
+    if (!can_regroup()) return Comm::admit(name, slots, note, dl);
+    return make_nccl_comm_host(mpi_->admit(name, slots, note, dl), device_, ms_left(dl));
+  }
+
   // ncclCommAbort of this communicator alone (the family aborts its members each on a thread).
   void abort_one() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -382,6 +444,11 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   }
 
   void check_async() override {
+    if (severed_ || (member_ && family_->severed))
+      fail(DDP_ERR_ABORTED,
+           "rank %d of %d: the NCCL communicators were closed because a peer was lost: the collectives they ran "
+           "did not complete",
+           rank_, size_);
     std::string text;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -441,6 +508,12 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
       if (m.comm == comm_) return;
     t_group.members.push_back(GroupMember{comm_, dl});
   }
+
+  // Whether the control path runs over the host communicator (Gloo, which bounds its own waits and
+  // fails at once when a peer's connection closes: an elastic job learns of a death there without
+  // waiting for its timeout) rather than through device memory. Not over MPI, whose blocking calls
+  // would wait for a dead peer forever.
+  bool host_control() const { return mpi_ && mpi_->can_regroup(); }
 
   // The CUDA stream under a bucket stream (the stream's own native handle: no type test).
   cudaStream_t collective_stream(Stream& s, Dtype d) const {
@@ -579,7 +652,7 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   int rank_ = 0, size_ = 1;
   // The watchdog thread aborts too: mu_ orders every NCCL call on comm_ with the abort.
   std::mutex mu_;
-  std::atomic<bool> aborted_{false}, stalled_{false}, late_{false};
+  std::atomic<bool> aborted_{false}, stalled_{false}, late_{false}, severed_{false};
   std::vector<PreMulOp> ops_;
   cudaStream_t ctrl_stream_ = nullptr;
   void* ctrl_buf_ = nullptr;
@@ -640,6 +713,48 @@ std::unique_ptr<Comm> make_nccl_comm_over(const ddp_nccl_id_t* id, int nranks, i
 
 thread_local NcclComm::Group NcclComm::t_group;
 
+// A joiner's communicator for an elastic NCCL job (ddp_comm_join_nccl): the Gloo joiner's request and
+// wait, then an NCCL communicator over the Gloo communicator the job admits it to, made as the job's
+// ranks make theirs in NcclComm::admit.
+class NcclJoiningComm final : public Comm {
+ public:
+  NcclJoiningComm(std::unique_ptr<Comm> host, int device, int64_t timeout_ms)
+      : host_(std::move(host)), device_(device), timeout_ms_(timeout_ms) {}
+  int rank() const override { return -1; }
+  int size() const override { return 0; }
+  Memory memory() const override { return Memory::Device; }
+  std::unique_ptr<Comm> dup() override {
+    return std::unique_ptr<Comm>(new NcclJoiningComm(host_->dup(), device_, timeout_ms_));
+  }
+  std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new CudaDevice(device_)); }
+  bool supports_wire(Dtype d) const override { return d != Dtype::BF16 || api().version >= 21000; }
+  bool supports(RedOp op) const override { return op == RedOp::Sum; }
+  // Nothing collective before the admission: the Gloo joiner refuses each call by name.
+  void allreduce(const void* send, void* recv, size_t n, Dtype d, Reduction red, Stream& s, Deadline dl) override {
+    host_->allreduce(send, recv, n, d, red, s, dl);
+  }
+  void broadcast(void* buf, size_t bytes, int root, void* user_stream, Deadline dl) override {
+    host_->broadcast(buf, bytes, root, user_stream, dl);
+  }
+  void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
+    host_->allgather_host(in, out, bytes, dl);
+  }
+  void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
+    host_->broadcast_host(buf, bytes, root, dl);
+  }
+  bool can_regroup() const override { return true; }
+  bool joining() const override { return true; }
+  std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) override {
+    std::unique_ptr<Comm> host = host_->join(request, note, dl);
+    return make_nccl_comm_host(std::move(host), device_, timeout_ms_);
+  }
+
+ private:
+  std::unique_ptr<Comm> host_;
+  int device_;
+  int64_t timeout_ms_;
+};
+
 }  // namespace
 
 void nccl_get_unique_id(ddp_nccl_id_t* id) {
@@ -673,6 +788,12 @@ std::unique_ptr<Comm> make_nccl_comm_host(std::unique_ptr<Comm> host, int cuda_d
 std::unique_ptr<Comm> make_nccl_comm_mpi(const void* mpi_comm, int cuda_device, int64_t timeout_ms) {
   require_cuda_device(cuda_device);
   return make_nccl_comm_host(make_mpi_comm(mpi_comm), cuda_device, timeout_ms);
+}
+
+std::unique_ptr<Comm> make_nccl_join_comm(const char* init_method, int cuda_device, int64_t timeout_ms) {
+  require_cuda_device(cuda_device);
+  return std::unique_ptr<Comm>(
+      new NcclJoiningComm(make_gloo_join_comm(init_method, timeout_ms), cuda_device, timeout_ms));
 }
 
 std::unique_ptr<Comm> wrap_nccl_comm(void* nccl_comm) {

@@ -260,6 +260,8 @@ extern "C" {
                                     comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_init_nccl_store_timeout(init_method: *const c_char, rank: c_int, size: c_int, cuda_device: c_int,
                                             timeout_ms: i64, comm: *mut ddp_comm_t) -> ddp_status_t;
+    pub fn ddp_comm_join_nccl(init_method: *const c_char, cuda_device: c_int, timeout_ms: i64,
+                              comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_wrap_nccl(nccl_comm: *mut c_void, comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
     pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;

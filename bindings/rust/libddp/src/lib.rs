@@ -176,6 +176,12 @@ impl Comm {
         let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
         Comm::make(true, |raw| unsafe { sys::ddp_comm_init_nccl_store(method.as_ptr(), r, n, cuda_device, raw) })
     }
+    /// A joiner's comm for an elastic job whose ranks use `nccl_store`: admitted as in `join_gloo`,
+    /// then it makes an NCCL comm on `cuda_device` with the job's ranks. Bounded as `join_gloo`.
+    pub fn join_nccl(init_method: &str, cuda_device: i32, timeout_ms: i64) -> Result<Comm> {
+        let method = c_method(init_method)?;
+        Comm::make(true, |raw| unsafe { sys::ddp_comm_join_nccl(method.as_ptr(), cuda_device, timeout_ms, raw) })
+    }
     /// One rank, no MPI.
     pub fn single() -> Result<Comm> {
         Comm::make(false, |raw| unsafe { sys::ddp_comm_init_self(raw) })
