@@ -4,6 +4,9 @@
 //   kill: the last rank SIGKILLs itself at step 2 after some grads were marked ready. The others must
 //         get DDP_ERR_RANK_LOST, recover over a new NCCL communicator, take the state of the rank
 //         that committed the most, and finish.
+//   kill0: the same with rank 0 (the next rank 0 makes the new NCCL id).
+//   stall: the last rank sleeps past the others' timeout (3 s here) before its backward at step 2,
+//         alive: the others leave it out at the timeout, and its own ddp_recover says so.
 //   join: the last rank starts as a joiner (ddp_comm_join_nccl) and is admitted at a step boundary;
 //         it takes the state of a live rank and trains on in step with the others.
 // Each finishing rank checks its parameters against a float64 replay of the steps it took part in
@@ -12,7 +15,7 @@
 // run_elastic.sh checks the lines: every expected rank done, one hash for all, replay ok.
 // and, after a loss, how long after the death its first step committed (the victim writes the time
 // of its death into DIR/death).
-// Usage: elastic_nccl kill|join DIR LAYOUT(0 copy, 1 arena) STREAMS  (the file store in DIR/store)
+// Usage: elastic_nccl kill|kill0|stall|join DIR LAYOUT(0 copy, 1 arena) STREAMS  (the file store in DIR/store)
 #include <signal.h>
 #include <unistd.h>
 
@@ -39,23 +42,22 @@ constexpr size_t kGrads = sizeof kSizes / sizeof kSizes[0];
 
 int g_id = 0;
 
-#define CHECK_OK(call)                                                                                           \
-  do {                                                                                                           \
-    ddp_status_t st_ = (call);                                                                                   \
-    if (st_ != DDP_SUCCESS) {                                                                                    \
-      std::printf("elastic-nccl rank %d: %s failed: %s: %s\n", g_id, #call, ddp_status_string(st_),              \
-                  ddp_last_error());                                                                             \
-      std::fflush(stdout);                                                                                       \
-      _exit(3);                                                                                                  \
-    }                                                                                                            \
+#define CHECK_OK(call)                                                                                                 \
+  do {                                                                                                                 \
+    ddp_status_t st_ = (call);                                                                                         \
+    if (st_ != DDP_SUCCESS) {                                                                                          \
+      std::printf("elastic-nccl rank %d: %s failed: %s: %s\n", g_id, #call, ddp_status_string(st_), ddp_last_error()); \
+      std::fflush(stdout);                                                                                             \
+      _exit(3);                                                                                                        \
+    }                                                                                                                  \
   } while (0)
-#define CHECK_CUDA(call)                                                                                     \
-  do {                                                                                                       \
-    if ((call) != cudaSuccess) {                                                                             \
-      std::printf("elastic-nccl rank %d: %s failed\n", g_id, #call);                                         \
-      std::fflush(stdout);                                                                                   \
-      _exit(3);                                                                                              \
-    }                                                                                                        \
+#define CHECK_CUDA(call)                                             \
+  do {                                                               \
+    if ((call) != cudaSuccess) {                                     \
+      std::printf("elastic-nccl rank %d: %s failed\n", g_id, #call); \
+      std::fflush(stdout);                                           \
+      _exit(3);                                                      \
+    }                                                                \
   } while (0)
 
 float init_value(size_t g, size_t i) { return static_cast<float>(0.5 - 0.001 * static_cast<double>((i * 7 + g) % 97)); }
@@ -67,6 +69,14 @@ float grad_value(int id, int64_t step, size_t g, size_t i) {
 long long now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The time of the victim's death (or stall), for the survivors' figure.
+void note_death(const std::string& dir) {
+  if (FILE* f = std::fopen((dir + "/death").c_str(), "w")) {
+    std::fprintf(f, "%lld\n", now_ms());
+    std::fclose(f);
+  }
 }
 
 uint64_t fnv(const std::vector<std::vector<float>>& params) {
@@ -84,7 +94,7 @@ uint64_t fnv(const std::vector<std::vector<float>>& params) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: elastic_nccl kill|join DIR LAYOUT STREAMS\n");
+    std::fprintf(stderr, "usage: elastic_nccl kill|kill0|stall|join DIR LAYOUT STREAMS\n");
     return 2;
   }
   const std::string mode = argv[1], dir = argv[2], store = "file://" + dir + "/store";
@@ -97,7 +107,11 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_id);
   MPI_Comm_size(MPI_COMM_WORLD, &np);
   const int last = np - 1;
-  const bool joiner = mode == "join" && g_id == last, victim = mode == "kill" && g_id == last;
+  // kill: the last rank dies; kill0: rank 0 does (the next rank 0 makes the new NCCL id); stall: the
+  // last rank sleeps past the others' timeout, alive, and must learn it was left out.
+  const bool stalls = mode == "stall";
+  const bool joiner = mode == "join" && g_id == last;
+  const bool victim = ((mode == "kill" || stalls) && g_id == last) || (mode == "kill0" && g_id == 0);
   const int job = mode == "join" ? np - 1 : np;  // the ranks that start the job
   int devices = 1;
   CHECK_CUDA(cudaGetDeviceCount(&devices));
@@ -112,7 +126,7 @@ int main(int argc, char** argv) {
   ddp_config_t cfg;
   ddp_config_init(&cfg);
   cfg.elastic = 1;
-  cfg.timeout_ms = 10000;
+  cfg.timeout_ms = stalls ? 3000 : 10000;
   cfg.layout = layout;
   cfg.num_streams = streams;
   cfg.message_size = 1500;
@@ -152,6 +166,13 @@ int main(int argc, char** argv) {
     ddp_membership_t m;
     ddp_status_t st = ddp_recover(ddp, &m, nullptr, 0);
     for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries) st = ddp_recover(ddp, &m, nullptr, 0);
+    if (victim && stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
+      std::printf("elastic-nccl rank %d: left out, as it should be: %s\n", g_id, ddp_last_error());
+      std::fflush(stdout);
+      ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
+      ddp_comm_destroy(comm);
+      _exit(0);
+    }
     CHECK_OK(st);
     std::vector<int32_t> all(static_cast<size_t>(m.world), 0);
     all[static_cast<size_t>(m.rank)] = g_id + 1;
@@ -187,14 +208,15 @@ int main(int argc, char** argv) {
   auto waiting = [&] { return mode == "join" && static_cast<int>(ids.size()) < np && step < kSteps + 200; };
   while (step < kSteps || waiting()) {
     if (step >= kSteps) usleep(50000);
+    if (victim && stalls && step == 2) {  // past the others' timeout and their wait for late ranks
+      note_death(dir);
+      usleep(2 * 3000 * 1000 + 2000 * 1000);
+    }
     ddp_status_t st = ddp_begin_backward(ddp, nullptr);
     for (size_t g = 0; g < kGrads && st == DDP_SUCCESS; ++g) {
       const size_t k = (g + static_cast<size_t>(g_id)) % kGrads;  // a different order on every rank
-      if (victim && step == 2 && g == 2) {
-        if (FILE* f = std::fopen((dir + "/death").c_str(), "w")) {
-          std::fprintf(f, "%lld\n", static_cast<long long>(now_ms()));
-          std::fclose(f);
-        }
+      if (victim && !stalls && step == 2 && g == 2) {
+        note_death(dir);
         raise(SIGKILL);
       }
       for (size_t i = 0; i < kSizes[k]; ++i) host[k][i] = grad_value(g_id, step, k, i);

@@ -9,11 +9,12 @@ bin=$1
 MPIRUN=${MPIRUN:-mpirun}
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
-# The survivors' first step after a death (timeout_ms is 10 s: a loss found by the timeout fails).
-KILL_BOUND_MS=${KILL_BOUND_MS:-3000}
+# The survivors' first step after a death (timeout_ms is 10 s: a loss found by the timeout fails), and
+# after a stall began (found at timeout_ms, 3 s, then the live but late rank is waited for as long).
+KILL_BOUND_MS=${KILL_BOUND_MS:-3000} STALL_BOUND_MS=${STALL_BOUND_MS:-7000}
 pass=0 fail=0 skip=0
 # mode  ranks  layout  streams
-scenarios=("kill 3 1 2" "kill 3 0 1" "kill 4 1 1" "join 3 0 1" "join 4 1 2")
+scenarios=("kill 3 1 2" "kill 3 0 1" "kill 4 1 1" "kill0 3 0 2" "kill0 4 1 1" "stall 3 1 1" "join 3 0 1" "join 4 1 2")
 for line in "${scenarios[@]}"; do
   read -r mode np layout streams <<<"$line"
   dir=$(mktemp -d) && mkdir "$dir/store"
@@ -27,7 +28,8 @@ for line in "${scenarios[@]}"; do
   if grep -q "built without Gloo" <<<"$out"; then
     echo "  skip $name: this libddp has no Gloo"; skip=$((skip + 1)); continue
   fi
-  if [ "$mode" = kill ]; then finish=$((np - 1)) world=$((np - 1)); else finish=$np world=$np; fi
+  if [ "$mode" = join ]; then finish=$np world=$np; else finish=$((np - 1)) world=$((np - 1)); fi
+  bound=$KILL_BOUND_MS; [ "$mode" = stall ] && bound=$STALL_BOUND_MS
   done_lines=$(grep -E '^elastic-nccl rank [0-9]+: done' <<<"$out")
   why=""
   [ $rc -eq 124 ] && why="timed out"
@@ -35,12 +37,15 @@ for line in "${scenarios[@]}"; do
   [ -z "$why" ] && grep -qv "replay ok" <<<"$done_lines" && why="a replay disagrees"
   [ -z "$why" ] && [ "$(grep -oE 'hash [0-9a-f]+' <<<"$done_lines" | sort -u | wc -l)" -ne 1 ] && why="the ranks' parameters differ"
   [ -z "$why" ] && grep -qv "world $world," <<<"$done_lines" && why="a rank ended in another world than $world"
-  if [ -z "$why" ] && [ "$mode" = kill ]; then
+  if [ -z "$why" ] && [ "$mode" = stall ] && ! grep -qE "^elastic-nccl rank $((np - 1)): left out" <<<"$out"; then
+    why="the stalled rank was not told it was left out"
+  fi
+  if [ -z "$why" ] && [ "$mode" != join ]; then
     grep -qv "lost 1, joined 0" <<<"$done_lines" && why="a survivor did not see one loss"
     # The dead rank's connections close: the survivors go on at once, not at timeout_ms (10 s).
     worst=$(grep -oE 'first step -?[0-9]+ ms' <<<"$done_lines" | grep -oE -- '-?[0-9]+' | sort -n | tail -n 1)
-    [ -z "$why" ] && { [ -z "$worst" ] || [ "$worst" -lt 0 ] || [ "$worst" -gt "$KILL_BOUND_MS" ]; } &&
-      why="the survivors' first step came ${worst:-never} ms after the death (bound $KILL_BOUND_MS ms)"
+    [ -z "$why" ] && { [ -z "$worst" ] || [ "$worst" -lt 0 ] || [ "$worst" -gt "$bound" ]; } &&
+      why="the survivors' first step came ${worst:-never} ms after the death (bound $bound ms)"
   fi
   if [ -z "$why" ] && [ "$mode" = join ]; then  # the job's ranks recovered once for the join; the joiner did not
     [ "$(grep -c "lost 0, joined 1" <<<"$done_lines")" -ne $((np - 1)) ] && why="the job's ranks did not see one join"
