@@ -101,9 +101,11 @@ $(SIM_DEMO_BIN): examples/mlp_trainer.c include/ddp.h $(BUILD)/lib/libddp.so
 
 # Each part prints its own "name: P passed, F failed" line; the last line sums them.
 GPUSIM_TSAN ?=
-.PHONY: gpusim-run gpusim-gpu
+.PHONY: gpusim-run gpusim-gpu gpusim-elastic
 gpusim-gpu: $(SIM_GPU_BIN)
 	$(Q)DDP_GPUSIM_DEVICES=2 tests/gpu/suite.sh $(SIM_GPU_BIN)
+gpusim-elastic: $(SIM_ELASTIC_BIN)
+	$(Q)MPIRUN="$(MPIRUN)" tests/gpusim/run_elastic.sh $(SIM_ELASTIC_BIN)
 gpusim-run: $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN) $(SIM_ELASTIC_BIN)
 	$(Q)BUILD=$(BUILD) MPIRUN="$(MPIRUN)" TSAN_BUILD="$(GPUSIM_TSAN)" MAKE_CMD="$(MAKE) --no-print-directory" \
 	  SHARD_BIN=$(SIM_SHARD_BIN) FEATURES_BIN=$(SIM_FEATURES_BIN) ELASTIC_BIN=$(SIM_ELASTIC_BIN) tests/gpusim/run.sh $(SIM_GPU_BIN) $(SIM_MPI_BIN) $(SIM_DEMO_BIN)
