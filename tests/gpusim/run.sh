@@ -2,7 +2,8 @@
 # The gpusim suite: the GPU tests, the multi-rank reduction, shard and features suites over the
 # simulated NCCL, the elastic NCCL scenarios, the example trainer's CUDA variant on 2 ranks (both
 # layouts), and the GPU tests again under TSan (not the MPI-based parts: TSan cannot see the
-# ordering that Open MPI's shared-memory transport gives, and reports its copies as races). Each part prints "name: P passed, F failed[, S skipped]"; the last line sums them:
+# ordering that Open MPI's shared-memory transport gives, and reports its copies as races). Each part
+# prints "name: P passed, F failed[, S skipped]"; the last line sums them:
 #   "gpusim: P passed, F failed, S skipped"
 # Usage: tests/gpusim/run.sh GPU_TESTS MPI_NCCL_BIN TRAINER_BIN (env: BUILD, MPIRUN, TSAN_BUILD, MAKE_CMD,
 # SHARD_BIN: the shard suite's binary, FEATURES_BIN: the features suite's, ELASTIC_BIN: elastic_nccl's)
