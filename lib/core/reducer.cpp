@@ -195,12 +195,13 @@ void Reducer::build_runtime(const std::vector<void*>& ptrs) {
       }
     }
     size_t& need = staging_need[static_cast<size_t>(p.stream)];
+    const size_t bytes = stage_bytes(p);
     if (program_.group) {
       // A grouped launch packs every bucket before any collective: each needs its own range.
       r->stage_offset = need;
-      need += (p.stage_bytes + 255) / 256 * 256;
+      need += (bytes + 255) / 256 * 256;
     } else {
-      need = std::max(need, p.stage_bytes);
+      need = std::max(need, bytes);
     }
     rt_.push_back(std::move(r));
   }
@@ -355,10 +356,11 @@ void Reducer::int8_scatter_allreduce(int b, void* buf, size_t n) {
       d.int8_quantize(x + sh.lo * es, p.dtype, sh.hi - sh.lo, res, to, s);
   }
   c.alltoall(send, recv, chunk, s, dl);
-  // The shard's sum, before its re-quantization, in the bucket's buffer (staging or arena), which no
-  // quantization reads any more.
+  // The shard's sum, before its re-quantization, in the bucket's buffer, which no quantization reads
+  // any more: the arena at the shard's place, the staging buffer (which holds nothing else: the grads
+  // are read and written where they lie) from its start, or at the shard's place where step_in packed.
   const Span mine = int8_shard(n, world, me);
-  char* own = x + mine.lo * es;
+  char* own = direct && p.staged ? x : x + mine.lo * es;
   d.int8_dequant_sum(recv, chunk, world, mine.hi - mine.lo, p.dtype, own, s);
   d.int8_quantize(own, p.dtype, mine.hi - mine.lo, residual_ + r.shard_residual_at,
                   send + static_cast<size_t>(me) * chunk, s);
@@ -378,6 +380,15 @@ void Reducer::int8_scatter_allreduce(int b, void* buf, size_t n) {
 // the bucket alone. Elsewhere (GPUs) step_in packs and step_out unpacks as for any bucket.
 bool Reducer::int8_reads_grads(const BucketProgram& p) const {
   return p.collective == Collective::Int8 && (p.int8_piece || p.int8_scatter) && env_.device->memory() == Memory::Host;
+}
+
+// The staging bucket `p` needs (bytes): none where it is not staged or its int8 rounds read and
+// write the grads themselves, only its own shard's sum where the int8 reduce-scatter does.
+size_t Reducer::stage_bytes(const BucketProgram& p) const {
+  if (!p.staged || !int8_reads_grads(p)) return p.stage_bytes;
+  if (!p.int8_scatter) return 0;
+  const Span mine = int8_shard(p.numel, env_.program.world, env_.program.rank);
+  return (mine.hi - mine.lo) * dtype_size(p.dtype);
 }
 
 // What the int8 collectives that read the grads themselves work on: the grads (copy layout), or the

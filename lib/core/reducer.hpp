@@ -152,6 +152,7 @@ class Reducer {
   void int8_gather_rounds(int b, void* buf, size_t n);
   SegmentTable& grads_table(const BucketProgram& p, BucketRt& r, void* buf, size_t n, SegmentTable* arena);
   bool int8_reads_grads(const BucketProgram& p) const;
+  size_t stage_bytes(const BucketProgram& p) const;
   void alloc_int8();
   void* buffer(int b) const;  // what the collective runs on: the staging range or the arena storage
   const void* direct_source(const BucketProgram& p, const BucketRt& r, Span sp, size_t* seg) const;

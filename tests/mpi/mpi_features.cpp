@@ -886,12 +886,16 @@ void test_int8(uint64_t seed) {
       why.clear();
       record("int8: a NaN block is NaN everywhere, the next iteration is clean" + name,
              int8_case(l, q, s + 2, 4, 4, false, 2, nullptr, &why), why);
-      // The wire carries about a quarter of the fp32 bytes (an eighth of f64's).
+      // The wire carries a quarter of the fp32 bytes (an eighth of f64's) in its values, plus a scale
+      // per block of 256 (4 bytes for 1 KiB of f32) and, per bucket and iteration, the last block's
+      // scale and up to 7 bytes of padding: with the case's tiny random buckets (2 to 8 grads of 1 to
+      // 2000 elements, 2 iterations) these may weigh more than the quarter itself.
       why.clear();
       uint64_t packed = 0, plain = 0;
       bool ok = int8_case(l, q, s + 3, 2, 2, false, -1, &packed, &why) &&
                 int8_case(l, DDP_COMPRESS_NONE, s + 3, 2, 2, false, -1, &plain, &why);
-      if (ok && !(packed * 3 <= plain)) {
+      const uint64_t per_bucket = 2 * 8 * (4 + 7);  // iterations x buckets at most x (scale + padding)
+      if (ok && !(packed <= plain / 4 + plain / 256 + per_bucket && packed < plain)) {
         ok = false;
         why = "bytes reduced: " + std::to_string(packed) + " int8, " + std::to_string(plain) + " uncompressed";
       }

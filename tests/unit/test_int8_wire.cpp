@@ -208,3 +208,52 @@ TEST_CASE("int8 wire: rounds of several host tiles, grads that straddle tiles an
       run_group(world, m, 1 << 30);
     }
 }
+
+namespace {
+
+// The library memory of one rank's context over one f32 grad of `n` elements with the int8 wire,
+// after its commit: library_bytes without the arena's grad storage.
+bool int8_memory(ddp_comm_t c, int arena, size_t n, size_t piece_bytes, uint64_t* held) {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.layout = arena;
+  cfg.message_size = 1 << 20;
+  cfg.compression = DDP_COMPRESS_INT8;
+  cfg.host_piece_bytes = piece_bytes;
+  ddp_t d = nullptr;
+  if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+  std::vector<float> mem(arena ? 0 : n);
+  int index = 0;
+  ddp_stats_t st;
+  st.size = sizeof st;
+  bool ok = ddp_register_grad(d, arena ? nullptr : mem.data(), n, DDP_F32, 0, &index) == DDP_SUCCESS &&
+            ddp_commit(d) == DDP_SUCCESS && ddp_get_stats(d, &st) == DDP_SUCCESS;
+  *held = ok ? st.library_bytes - st.arena_bytes : 0;
+  return ddp_destroy(d) == DDP_SUCCESS && ok;
+}
+
+}  // namespace
+
+// The int8 collectives that read and write the grads themselves (host memory) need no staging copy
+// of the bucket: the copy layout holds what the arena layout holds besides its grads, plus, for the
+// reduce-scatter, this rank's shard of f32 sums (it used to stage the whole bucket).
+TEST_CASE("int8 wire: the copy layout stages no bucket: nothing for the rounds, one shard for the reduce-scatter") {
+  const size_t n = 30000;
+  for (int world = 2; world <= 3; ++world)
+    for (int scatter = 0; scatter <= 1; ++scatter) {
+      setenv("DDP_INT8_SCATTER_MIN_WORLD", scatter ? "2" : "1000", 1);
+      std::vector<uint64_t> copy(static_cast<size_t>(world)), arena(copy);
+      const size_t piece = 40960;  // the all-gather goes in rounds
+      CHECK(on_ranks(world, [&](int r, ddp_comm_t c) {
+              return int8_memory(c, 0, n, piece, &copy[static_cast<size_t>(r)]) &&
+                     int8_memory(c, 1, n, piece, &arena[static_cast<size_t>(r)]);
+            }) == 0);
+      for (int r = 0; r < world; ++r) {
+        const uint64_t staged = copy[static_cast<size_t>(r)] - arena[static_cast<size_t>(r)];
+        const uint64_t shard = scatter ? (n + static_cast<size_t>(world) - 1) / static_cast<size_t>(world) * 4 : 0;
+        CHECK_MESSAGE(staged <= shard + 256 * 4, "world ", world, " rank ", r,
+                      std::string(scatter ? " scatter" : " rounds"), ": the copy layout holds ", staged,
+                      " bytes more than the arena's, over ", n * 4, " of grads");
+      }
+    }
+  unsetenv("DDP_INT8_SCATTER_MIN_WORLD");
+}
