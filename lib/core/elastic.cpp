@@ -81,10 +81,18 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   // Ranks alive but late are waited for up to timeout_ms; the whole agreement ends within twice that.
   const Deadline dl = membership_deadline();
   const int old_rank = rank_, old_world = world_;
-  Regrouped g = agree_members(Deadline::after_ms(t), dl);
-  rebuild(std::move(g.comm), dl);
-  lost_ = false;
-  settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
+  try {
+    Regrouped g = agree_members(Deadline::after_ms(t), dl);
+    rebuild(std::move(g.comm), dl);
+    lost_ = false;
+    settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
+  } catch (const Error& e) {
+    // A member of the new world lost on the way (its connection closed, NCCL's creation failed for
+    // it): one more change, which the next ddp_recover makes. Refusals and a rank left out stay.
+    if (e.status() != DDP_ERR_ABORTED && e.status() != DDP_ERR_NCCL) throw;
+    fail(DDP_ERR_TIMEOUT, "the new membership lost a rank while it was being formed (call ddp_recover again): %s",
+         e.what());
+  }
 }
 
 void Context::settle_membership(int old_rank, int old_world, const std::vector<int>& list,

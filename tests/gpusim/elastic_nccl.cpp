@@ -5,6 +5,8 @@
 //         get DDP_ERR_RANK_LOST, recover over a new NCCL communicator, take the state of the rank
 //         that committed the most, and finish.
 //   kill0: the same with rank 0 (the next rank 0 makes the new NCCL id).
+//   kill2: as kill, and the last rank but one dies inside the recovery (ELASTIC_VICTIM2_US after it
+//         began, default 30 ms: in the agreement or the new communicator's creation).
 //   stall: the last rank sleeps past the others' timeout (3 s here) before its backward at step 2,
 //         alive: the others leave it out at the timeout, and its own ddp_recover says so.
 //   join: the last rank starts as a joiner (ddp_comm_join_nccl) and is admitted at a step boundary;
@@ -15,7 +17,7 @@
 // run_elastic.sh checks the lines: every expected rank done, one hash for all, replay ok.
 // and, after a loss, how long after the death its first step committed (the victim writes the time
 // of its death into DIR/death).
-// Usage: elastic_nccl kill|kill0|stall|join DIR LAYOUT(0 copy, 1 arena) STREAMS  (the file store in DIR/store)
+// Usage: elastic_nccl kill|kill0|kill2|stall|join DIR LAYOUT(0 copy, 1 arena) STREAMS  (the file store in DIR/store)
 #include <signal.h>
 #include <unistd.h>
 
@@ -29,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp.h"
@@ -41,6 +44,7 @@ const size_t kSizes[] = {1000, 37, 2500, 640};
 constexpr size_t kGrads = sizeof kSizes / sizeof kSizes[0];
 
 int g_id = 0;
+const long kVictim2DelayUs = std::getenv("ELASTIC_VICTIM2_US") ? std::atol(std::getenv("ELASTIC_VICTIM2_US")) : 30000;
 
 #define CHECK_OK(call)                                                                                                 \
   do {                                                                                                                 \
@@ -94,7 +98,7 @@ uint64_t fnv(const std::vector<std::vector<float>>& params) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: elastic_nccl kill|kill0|stall|join DIR LAYOUT STREAMS\n");
+    std::fprintf(stderr, "usage: elastic_nccl kill|kill0|kill2|stall|join DIR LAYOUT STREAMS\n");
     return 2;
   }
   const std::string mode = argv[1], dir = argv[2], store = "file://" + dir + "/store";
@@ -111,8 +115,9 @@ int main(int argc, char** argv) {
   // last rank sleeps past the others' timeout, alive, and must learn it was left out.
   const bool stalls = mode == "stall";
   const bool joiner = mode == "join" && g_id == last;
-  const bool victim = ((mode == "kill" || stalls) && g_id == last) || (mode == "kill0" && g_id == 0);
-  const int job = mode == "join" ? np - 1 : np;  // the ranks that start the job
+  const bool victim = ((mode == "kill" || mode == "kill2" || stalls) && g_id == last) || (mode == "kill0" && g_id == 0);
+  const bool victim2 = mode == "kill2" && g_id == last - 1;  // dies as it enters the first recovery
+  const int job = mode == "join" ? np - 1 : np;              // the ranks that start the job
   int devices = 1;
   CHECK_CUDA(cudaGetDeviceCount(&devices));
   const int device = g_id % devices;
@@ -126,7 +131,8 @@ int main(int argc, char** argv) {
   ddp_config_t cfg;
   ddp_config_init(&cfg);
   cfg.elastic = 1;
-  cfg.timeout_ms = stalls ? 3000 : 10000;
+  // (a second death inside the recovery costs up to twice timeout_ms on NCCL: 3 s keeps kill2 short)
+  cfg.timeout_ms = stalls || mode == "kill2" ? 3000 : 10000;
   cfg.layout = layout;
   cfg.num_streams = streams;
   cfg.message_size = 1500;
@@ -162,34 +168,48 @@ int main(int argc, char** argv) {
   int64_t step = 0;
   bool replay_from_start = !joiner;
   // A membership change: ddp_recover, every rank's identity, the state of the source.
+  // A rank lost on the way (after the agreement, during the state's broadcast) is one more change:
+  // round again.
   auto change = [&]() {
+    if (victim2)  // dies somewhere inside its recovery: the others' agreement or new NCCL communicator loses it
+      std::thread([] {
+        usleep(kVictim2DelayUs);
+        raise(SIGKILL);
+      }).detach();
     ddp_membership_t m;
-    ddp_status_t st = ddp_recover(ddp, &m, nullptr, 0);
-    for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries) st = ddp_recover(ddp, &m, nullptr, 0);
-    if (victim && stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
-      std::printf("elastic-nccl rank %d: left out, as it should be: %s\n", g_id, ddp_last_error());
-      std::fflush(stdout);
-      ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
-      ddp_comm_destroy(comm);
-      _exit(0);
+    for (;;) {
+      ddp_status_t st = ddp_recover(ddp, &m, nullptr, 0);
+      for (int tries = 0; st == DDP_ERR_TIMEOUT && tries < 3; ++tries) st = ddp_recover(ddp, &m, nullptr, 0);
+      if (victim && stalls && st == DDP_ERR_RANK_LOST && std::strstr(ddp_last_error(), "left out")) {
+        std::printf("elastic-nccl rank %d: left out, as it should be: %s\n", g_id, ddp_last_error());
+        std::fflush(stdout);
+        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
+        ddp_comm_destroy(comm);
+        _exit(0);
+      }
+      CHECK_OK(st);
+      std::vector<int32_t> all(static_cast<size_t>(m.world), 0);
+      all[static_cast<size_t>(m.rank)] = g_id + 1;
+      st = ddp_allreduce_host(ddp, all.data(), all.size(), DDP_I32, DDP_OP_SUM);
+      if (st == DDP_ERR_RANK_LOST) continue;
+      CHECK_OK(st);
+      ids.clear();
+      for (int32_t x : all) ids.push_back(x - 1);
+      size_t at = 0;
+      for (size_t g = 0; g < kGrads; at += kSizes[g], ++g)
+        CHECK_CUDA(cudaMemcpy(stage + at, params[g].data(), kSizes[g] * sizeof(float), cudaMemcpyHostToDevice));
+      void* buf = stage;
+      const size_t count = total;
+      const ddp_dtype_t type = DDP_F32;
+      st = ddp_broadcast(ddp, &buf, &count, &type, 1, m.source, nullptr);
+      if (st == DDP_ERR_RANK_LOST) continue;
+      CHECK_OK(st);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      at = 0;
+      for (size_t g = 0; g < kGrads; at += kSizes[g], ++g)
+        CHECK_CUDA(cudaMemcpy(params[g].data(), stage + at, kSizes[g] * sizeof(float), cudaMemcpyDeviceToHost));
+      break;
     }
-    CHECK_OK(st);
-    std::vector<int32_t> all(static_cast<size_t>(m.world), 0);
-    all[static_cast<size_t>(m.rank)] = g_id + 1;
-    CHECK_OK(ddp_allreduce_host(ddp, all.data(), all.size(), DDP_I32, DDP_OP_SUM));
-    ids.clear();
-    for (int32_t x : all) ids.push_back(x - 1);
-    size_t at = 0;
-    for (size_t g = 0; g < kGrads; at += kSizes[g], ++g)
-      CHECK_CUDA(cudaMemcpy(stage + at, params[g].data(), kSizes[g] * sizeof(float), cudaMemcpyHostToDevice));
-    void* buf = stage;
-    const size_t count = total;
-    const ddp_dtype_t type = DDP_F32;
-    CHECK_OK(ddp_broadcast(ddp, &buf, &count, &type, 1, m.source, nullptr));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    at = 0;
-    for (size_t g = 0; g < kGrads; at += kSizes[g], ++g)
-      CHECK_CUDA(cudaMemcpy(params[g].data(), stage + at, kSizes[g] * sizeof(float), cudaMemcpyDeviceToHost));
     if (step < m.committed && replay_from_start) {
       std::printf("elastic-nccl rank %d: this rank is behind (%lld < %lld): the replay cannot follow\n", g_id,
                   static_cast<long long>(step), static_cast<long long>(m.committed));

@@ -507,8 +507,15 @@ ncclComm_t make_comm(MPI_Comm mpi, int device) {
   return new ncclComm{st};
 }
 
+// Waits for a nonblocking creation's thread. One that an abort cut short may be stuck in MPI for a
+// rank that died (MPI_Comm_create_group, MPI_Comm_split never return then): it is left behind, its
+// closure keeping the state alive, as a real NCCL leaves a dead peer's bootstrap to the abort.
 void join_init(CommState& st) {
-  if (st.init.joinable()) st.init.join();
+  if (!st.init.joinable()) return;
+  if (st.aborted && st.initializing)
+    st.init.detach();
+  else
+    st.init.join();
 }
 
 ncclResult_t need_device(int* device) {
@@ -617,7 +624,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   st->nranks = nranks;
   st->device = device;
   CommState* raw = st.get();
-  st->init = std::thread([raw, body, nranks, rank, device] {
+  st->init = std::thread([raw, keep = st, body, nranks, rank, device] {
     MPI_Comm c;
     ncclResult_t r = rendezvous(body, nranks, rank, &c, &raw->aborted);
     if (r == ncclSuccess) init_state(raw, c, device);
@@ -648,6 +655,27 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (config && config->splitShare == 1) ++g_shared_splits;
   const bool nonblocking =
       config && config->blocking != NCCL_CONFIG_UNDEF_INT ? config->blocking == 0 : comm->st->nonblocking;
+  if (nonblocking && color != NCCL_SPLIT_NOCOLOR) {
+    // In the background, as NCCL does: a split that waits for a rank that died ends at the caller's
+    // deadline (ncclCommAbort), not never.
+    auto st = std::make_shared<CommState>();
+    st->nonblocking = true;
+    st->initializing = true;
+    st->device = comm->st->device;
+    CommState* raw = st.get();
+    const MPI_Comm parent = comm->st->ctrl;
+    st->init = std::thread([raw, keep = st, parent, color, key] {
+      MPI_Comm c = MPI_COMM_NULL;
+      if (MPI_Comm_split(parent, color, key, &c) == MPI_SUCCESS && c != MPI_COMM_NULL) {
+        init_state(raw, c, raw->device);
+      } else {
+        raw->async = err(ncclSystemError, "MPI_Comm_split failed");
+      }
+      raw->initializing = false;
+    });
+    *newcomm = new ncclComm{st};
+    return ncclInProgress;
+  }
   MPI_Comm c;
   if (MPI_Comm_split(comm->st->ctrl, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &c) != MPI_SUCCESS)
     return err(ncclSystemError, "MPI_Comm_split failed");

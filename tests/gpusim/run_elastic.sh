@@ -11,10 +11,12 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 # The survivors' first step after a death (timeout_ms is 10 s: a loss found by the timeout fails), and
 # after a stall began (found at timeout_ms, 3 s, then the live but late rank is waited for as long).
-KILL_BOUND_MS=${KILL_BOUND_MS:-3000} STALL_BOUND_MS=${STALL_BOUND_MS:-7000}
+# A second death inside the recovery (kill2, timeout_ms 3 s): a new NCCL communicator that waits for
+# it gives up at the recovery's bound (2 x timeout_ms), and the next attempt goes on without it.
+KILL_BOUND_MS=${KILL_BOUND_MS:-3000} STALL_BOUND_MS=${STALL_BOUND_MS:-7000} KILL2_BOUND_MS=${KILL2_BOUND_MS:-14000}
 pass=0 fail=0 skip=0
 # mode  ranks  layout  streams
-scenarios=("kill 3 1 2" "kill 3 0 1" "kill 4 1 1" "kill0 3 0 2" "kill0 4 1 1" "stall 3 1 1" "join 3 0 1" "join 4 1 2")
+scenarios=("kill 3 1 2" "kill 3 0 1" "kill 4 1 1" "kill0 3 0 2" "kill0 4 1 1" "kill2 4 0 2" "kill2 4 1 1" "stall 3 1 1" "join 3 0 1" "join 4 1 2")
 for line in "${scenarios[@]}"; do
   read -r mode np layout streams <<<"$line"
   dir=$(mktemp -d) && mkdir "$dir/store"
@@ -29,7 +31,8 @@ for line in "${scenarios[@]}"; do
     echo "  skip $name: this libddp has no Gloo"; skip=$((skip + 1)); continue
   fi
   if [ "$mode" = join ]; then finish=$np world=$np; else finish=$((np - 1)) world=$((np - 1)); fi
-  bound=$KILL_BOUND_MS; [ "$mode" = stall ] && bound=$STALL_BOUND_MS
+  [ "$mode" = kill2 ] && finish=$((np - 2)) world=$((np - 2))
+  bound=$KILL_BOUND_MS; [ "$mode" = stall ] && bound=$STALL_BOUND_MS; [ "$mode" = kill2 ] && bound=$KILL2_BOUND_MS
   done_lines=$(grep -E '^elastic-nccl rank [0-9]+: done' <<<"$out")
   why=""
   [ $rc -eq 124 ] && why="timed out"

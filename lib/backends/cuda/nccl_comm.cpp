@@ -168,13 +168,23 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
     member_ = family_ != nullptr;
     watchdog_register(this);
   }
+  // A membership that an elastic context agreed on over `host` (Gloo), whose NCCL communicator is
+  // made at its first duplication (connect): the agreement and the creation fail apart, and a rank
+  // that lost a member while creating it still holds the membership the others hold, to agree again
+  // over.
+  NcclComm(std::unique_ptr<Comm> host, int device, int64_t timeout_ms)
+      : comm_(nullptr), device_(device), owned_(true), mpi_(std::move(host)), timeout_ms_(timeout_ms) {
+    rank_ = mpi_->rank();
+    size_ = mpi_->size();
+    watchdog_register(this);
+  }
   ~NcclComm() override {
     watchdog_unregister(this);
     if (family_) family_->leave(this);
     DeviceGuard g(device_, true);
-    if (!aborted_)
+    if (!aborted_ && comm_)
       for (auto& op : ops_) api().op_destroy(op.op, comm_);
-    if (!aborted_ && owned_) {
+    if (!aborted_ && owned_ && comm_) {
       if (!finalize())
         ncclCommAbort(comm_);  // a stuck collective would make ncclCommDestroy wait forever
       else
@@ -193,6 +203,7 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   Memory memory() const override { return Memory::Device; }
 
   std::unique_ptr<Comm> dup() override {
+    if (!comm_ && mpi_ && !aborted_) connect();
     live();
     DeviceGuard g(device_);
     std::unique_ptr<Comm> mpi = mpi_ ? mpi_->dup() : nullptr;
@@ -419,7 +430,7 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
            "this NCCL communicator cannot be rebuilt over fewer ranks: only one made over a Gloo store "
            "(ddp_comm_init_nccl_store) can");
     Regrouped g = mpi_->regroup(epoch, committed, answering, window, dl);
-    g.comm = make_nccl_comm_host(std::move(g.comm), device_, ms_left(dl));
+    g.comm.reset(new NcclComm(std::move(g.comm), device_, timeout_ms_));
     return g;
   }
   std::shared_ptr<JoinDesk> join_desk() override { return can_regroup() ? mpi_->join_desk() : nullptr; }
@@ -428,7 +439,23 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
                               Deadline dl) override {
     if (!can_regroup()) return Comm::admit(name, slots, note, dl);
-    return make_nccl_comm_host(mpi_->admit(name, slots, note, dl), device_, ms_left(dl));
+    return std::unique_ptr<Comm>(new NcclComm(mpi_->admit(name, slots, note, dl), device_, timeout_ms_));
+  }
+  // The NCCL communicator of a membership agreed on (see the constructor above): the id made by
+  // rank 0 and sent over the host communicator, within the creation's bound (ddp_recover's).
+  void connect() {
+    const Deadline dl = Deadline::earlier(creation_deadline(), Deadline::after_ms(timeout_ms_));
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) {
+      DeviceGuard g(device_);
+      DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+    }
+    mpi_->broadcast_host(&id, sizeof id, 0, dl);
+    DeviceGuard g(device_);
+    ncclComm_t c = init_rank(id, size_, rank_, ms_left(dl));
+    std::lock_guard<std::mutex> lock(mu_);
+    comm_ = c;
   }
 
   // ncclCommAbort of this communicator alone (the family aborts its members each on a thread).
@@ -437,13 +464,14 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
     if (aborted_) return;
     aborted_ = true;
     stalled_ = true;  // nothing may wait on this communicator any more
-    if (owned_) {
+    if (owned_ && comm_) {
       DeviceGuard g(device_, true);
       ncclCommAbort(comm_);
     }
   }
 
   void check_async() override {
+    if (!comm_) return;  // not made yet: nothing runs on it
     if (severed_ || (member_ && family_->severed))
       fail(DDP_ERR_ABORTED,
            "rank %d of %d: the NCCL communicators were closed because a peer was lost: the collectives they ran "
@@ -713,6 +741,12 @@ std::unique_ptr<Comm> make_nccl_comm_over(const ddp_nccl_id_t* id, int nranks, i
 
 thread_local NcclComm::Group NcclComm::t_group;
 
+// A joiner's membership, its NCCL communicator made at its first duplication (as the job's ranks'
+// after NcclComm::admit).
+std::unique_ptr<Comm> make_nccl_pending(std::unique_ptr<Comm> host, int device, int64_t timeout_ms) {
+  return std::unique_ptr<Comm>(new NcclComm(std::move(host), device, timeout_ms));
+}
+
 // A joiner's communicator for an elastic NCCL job (ddp_comm_join_nccl): the Gloo joiner's request and
 // wait, then an NCCL communicator over the Gloo communicator the job admits it to, made as the job's
 // ranks make theirs in NcclComm::admit.
@@ -745,8 +779,7 @@ class NcclJoiningComm final : public Comm {
   bool can_regroup() const override { return true; }
   bool joining() const override { return true; }
   std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) override {
-    std::unique_ptr<Comm> host = host_->join(request, note, dl);
-    return make_nccl_comm_host(std::move(host), device_, timeout_ms_);
+    return make_nccl_pending(host_->join(request, note, dl), device_, timeout_ms_);
   }
 
  private:
