@@ -93,6 +93,7 @@ class Context {
   // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
+  void confirm_members(Comm& made, Deadline dl);
   // Whether an error of status `st` is taken for a lost peer (elastic contexts): a timeout, an abort
   // (a severed connection), or an NCCL error (NCCL reports a dead peer as a remote or system error).
   bool peer_failure(ddp_status_t st) const {

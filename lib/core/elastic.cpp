@@ -83,6 +83,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   const int old_rank = rank_, old_world = world_;
   try {
     Regrouped g = agree_members(Deadline::after_ms(t), dl);
+    confirm_members(*g.comm, dl);
     rebuild(std::move(g.comm), dl);
     lost_ = false;
     settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
@@ -165,6 +166,16 @@ Regrouped Context::agree_members(Deadline window, Deadline dl) {
     if (e.status() == DDP_ERR_RANK_LOST) abort(e);  // left out: this process is no longer in the job
     throw;
   }
+}
+
+// Every member of the membership just agreed on made its communicator: one exchange over it. A member
+// lost while the communicators were being made (some ranks made theirs, others timed out waiting for
+// it) fails it on every rank, so that all of them try again from the membership they had, never some
+// from the old one and some from the new.
+void Context::confirm_members(Comm& made, Deadline dl) {
+  const int32_t one = 1;
+  std::vector<int32_t> all(static_cast<size_t>(made.size()), 0);
+  made.allgather_host(&one, all.data(), sizeof one, dl);
 }
 
 // What a membership change may take: twice timeout_ms (the live but late are waited for up to

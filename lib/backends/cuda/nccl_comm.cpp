@@ -344,6 +344,11 @@ class NcclComm final : public Comm, public AsyncErrorSource, public Watched {
   // The control path: host bytes staged through device memory on the communicator's own stream, and
   // waited for by polling against the deadline.
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
+    if (!comm_ && mpi_ && !aborted_) {  // a membership agreed on, its NCCL communicator not made yet
+      mpi_->allgather_host(in, out, bytes, dl);
+      wire_bytes()->allgather(bytes, size_);
+      return;
+    }
     live();
     if (host_control()) {
       mpi_->allgather_host(in, out, bytes, dl);
