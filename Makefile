@@ -26,12 +26,13 @@
 ##   gpu-tests, gpu-bench   build the GPU test program and the flatten benchmark (CUDA builds);
 ##                   gpu-probe: the device check tests/gpu/run.sh runs first (names a missing GPU or driver)
 ##   exit-soak       the exit scenarios (no ddp_destroy; exit after a timeout), EXIT_SOAK_RUNS times
+##                   each over MPI and Gloo (default 200; the faults suites run each 10 times)
 ##   elastic-heavy   the elastic fault scenarios (a rank SIGKILLed, the others recover), ELASTIC_SCENARIOS
 ##                   of them (100): the figures of docs/reliability.md
-##                   each over MPI and Gloo (default 200; the faults suites run each 10 times)
 ##   fuzz            libFuzzer over the API for FUZZ_SECONDS; fuzz-merge keeps new inputs in tests/fuzz/corpus;
 ##                   fuzz-build builds the fuzzer in FUZZ_BUILD
-##   abi-asan-lib, gpusim-run, gpusim-gpu   steps of the abi and gpusim suites
+##   abi-asan-lib, gpusim-run, gpusim-gpu, gpusim-elastic   steps of the abi and gpusim suites
+##                   (gpusim-elastic: the elastic NCCL scenarios, tests/gpusim/run_elastic.sh)
 ## Examples and benchmarks
 ##   examples        the example trainer; demo: it on DEMO_NP ranks (DEMO_ARGS: its options), with a timeline;
 ##                   demo-gpu: its grads in device memory over NCCL

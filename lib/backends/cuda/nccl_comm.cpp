@@ -85,7 +85,7 @@ void backoff(unsigned spin) {
     std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 50 : 1000));
 }
 
-// What is left of `dl` as a creation bound in milliseconds (0: none, as make_nccl_comm_host takes it).
+// What is left of `dl` as a creation bound in milliseconds (0: none, as init_rank takes it).
 int64_t ms_left(Deadline dl) {
   if (dl.infinite()) return 0;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(dl.at() - std::chrono::steady_clock::now());
