@@ -1,5 +1,7 @@
 #include "core/common.hpp"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <vector>
 
@@ -56,5 +58,17 @@ thread_local Deadline t_creation = Deadline::never();
 Deadline creation_deadline() { return t_creation; }
 CreationScope::CreationScope(Deadline dl) : prev_(t_creation) { t_creation = dl; }
 CreationScope::~CreationScope() { t_creation = prev_; }
+
+}  // namespace ddp
+
+namespace ddp {
+
+void name_this_thread(const char* name) {
+#if defined(__linux__)
+  pthread_setname_np(pthread_self(), name);  // (a failure leaves the process's name: harmless)
+#else
+  (void)name;
+#endif
+}
 
 }  // namespace ddp

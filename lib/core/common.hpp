@@ -57,6 +57,9 @@ std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 [[noreturn]] void fail(ddp_status_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // "rank 3" or "ranks 0, 2": how messages name ranks.
 std::string rank_list(const std::vector<int>& ranks);
+// Names the calling thread (`name`: at most 15 characters) where the system allows, so that the
+// library's threads show as such in top -H, gdb and /proc/<pid>/task/*/comm.
+void name_this_thread(const char* name);
 
 // `t` plus `ms` milliseconds, saturated: a point past the clock's range (about 292 years of
 // nanoseconds from its epoch) is the clock's last point, which no wait reaches, instead of an

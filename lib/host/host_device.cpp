@@ -260,6 +260,7 @@ void run_task(WorkerState& w, Task* task, std::unique_lock<std::mutex>& lock) {
 }
 
 void run_worker(std::shared_ptr<WorkerState> st) {
+  name_this_thread("ddp-worker");
   WorkerState& w = *st;
   host::t_worker = &w;
   std::unique_lock<std::mutex> lock(w.mu);

@@ -65,6 +65,7 @@ class SocketProber final : public Prober {
     }
   }
   void serve() {
+    name_this_thread("ddp-inspector");
     while (!stop_) {
       tcp::Socket c = tcp::accept_within(listener_, 20);
       if (!c.valid()) continue;

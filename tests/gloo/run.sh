@@ -30,8 +30,8 @@ if [ -n "$reduce_bin" ]; then
   echo "$out" | grep -E '^gloo-shard' | tail -n 5; add "$out" gloo-shard
   unset DDP_TEST_GLOO
   out=$(MPIRUN="$MPIRUN" "$root/tests/faults/run.sh" "$faults_bin" gloo 2>&1)
-  # Every scenario's line (a failure's output too), without the per-rank RESULT lines.
-  echo "$out" | grep -vE '^  RESULT' | grep -vE '\) passed: ' ; add "$out" faults-gloo
+  # Every scenario's line (a failure's output and failed checks too), without the RESULT lines that passed.
+  echo "$out" | grep -vE '^  RESULT [^ ]+ ok' | grep -vE '\) passed: ' ; add "$out" faults-gloo
 fi
 
 if [ "$trainer" = none ]; then  # a sanitized build: no trainer

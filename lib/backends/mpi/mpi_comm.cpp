@@ -307,6 +307,7 @@ class MpiProber final : public Prober {
   static constexpr int kQuery = 1, kAnswer = 2;
 
   void serve() {
+    name_this_thread("ddp-inspector");
     while (!stop_) {
       int flag = 0;
       MPI_Status st;
