@@ -382,8 +382,8 @@ bool Reducer::int8_reads_grads(const BucketProgram& p) const {
   return p.collective == Collective::Int8 && (p.int8_piece || p.int8_scatter) && env_.device->memory() == Memory::Host;
 }
 
-// The staging bucket `p` needs (bytes): none where it is not staged or its int8 rounds read and
-// write the grads themselves, only its own shard's sum where the int8 reduce-scatter does.
+// The staging bucket `p` needs (bytes): the program's, except where the int8 collectives read and
+// write the grads themselves: none for the rounds, this rank's shard of sums for the reduce-scatter.
 size_t Reducer::stage_bytes(const BucketProgram& p) const {
   if (!p.staged || !int8_reads_grads(p)) return p.stage_bytes;
   if (!p.int8_scatter) return 0;
