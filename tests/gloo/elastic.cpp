@@ -297,7 +297,12 @@ int worker(const Scenario& s, int id) {
   // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
   // and the run goes on until it is back (bounded: 150 more steps).
   auto short_handed = [&] { return s.replace && ids.size() < static_cast<size_t>(s.np); };
-  while (step < kSteps || (short_handed() && step < kSteps + 150)) {
+  // Every membership change is followed by two committed steps on every rank (a joiner admitted at
+  // the last step boundary trains too): each rank counts from the change's committed step, the same
+  // on all of them.
+  int64_t end = kSteps;
+  if (joiner) end = std::max<int64_t>(end, step + 2);
+  while (step < end || (short_handed() && step < kSteps + 150)) {
     const bool dies_now = victim && step == s.step;
     if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
     if (dies_now && s.point == BeforeBegin) fault_now(s);
@@ -340,6 +345,7 @@ int worker(const Scenario& s, int id) {
     }
     // Recover, then take the state of the rank that committed the most.
     change(false);
+    end = std::max<int64_t>(end, step + 2);
     find_grads();
     recovered = true;
   }
