@@ -33,7 +33,7 @@
  *                    [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N] [--init METHOD]
  *                    [--timeline file.json] [--quiet | --print-every K]
  *                    [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]
- *                    [--elastic [--kill RANK@STEP]]
+ *                    [--elastic [--kill RANK@STEP]] [--update-after-finish]
  *   --elastic      (--comm gloo) config.elastic: when a rank dies, the others get DDP_ERR_RANK_LOST,
  *                  skip that step's update, call ddp_recover, take the state (parameters, optimizer
  *                  state) of the rank that committed the most steps and go on with fewer ranks. Start
@@ -44,6 +44,9 @@
  *                  the job's next step boundary and it takes the job's state
  *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
  *                  or a 16-bit wire; compare the losses with --compression none
+ *   --update-after-finish  update every layer after ddp_finish_backward. By default (host grads, not
+ *                  --shard or --elastic) a layer is updated as soon as ddp_wait_grad says its bucket
+ *                  is reduced, while the buckets of the layers before it are still on the wire
  *   --print-every  one loss line every K steps (default: about 8 lines in all, the first and the
  *                  last step included); --quiet: the first and the last only
  */
@@ -77,6 +80,7 @@ enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
 typedef struct options {
   int steps, batch, layout, delay, quiet, optimizer, shard, compression, ranks, print_every;
   int elastic, kill_rank, kill_step; /* --elastic, --kill RANK@STEP (-1: none) */
+  int update_after;                  /* --update-after-finish: no update before ddp_finish_backward */
   size_t message_size;
   float lr;
   const char* comm;
@@ -393,7 +397,8 @@ static void usage(void) {
       "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
       "                   [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N]\n"
       "                   [--init env://|tcp://H:P|file:///DIR] [--timeline file.json] [--quiet | --print-every K]\n"
-      "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n");
+      "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n"
+      "                   [--elastic [--kill RANK@STEP]] [--update-after-finish]\n");
   exit(2);
 }
 
@@ -421,6 +426,8 @@ static options_t parse(int argc, char** argv) {
       o.shard = 1;
     else if (!strcmp(a, "--elastic"))
       o.elastic = 1;
+    else if (!strcmp(a, "--update-after-finish"))
+      o.update_after = 1;
     else if (!v)
       usage();
     else if (!strcmp(a, "--steps"))
@@ -510,6 +517,12 @@ static void optimizer_step(const options_t* o, int step, float* p, const float* 
 }
 
 /* Optimizer state for `n` elements (NULL when the optimizer keeps none); *bytes counts it. */
+/* One layer's update (weights and biases). */
+static void update_layer(const options_t* o, model_t* m, float** s1, float** s2, int step, int l) {
+  optimizer_step(o, step, m->W[l], m->dW[l], s1[2 * l], s2[2 * l], wcount(l));
+  optimizer_step(o, step, m->b[l], m->db[l], s1[2 * l + 1], s2[2 * l + 1], (size_t)kDims[l + 1]);
+}
+
 static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
   if (state_per_element(optimizer) <= which) return NULL;
   *bytes += n * sizeof(float);
@@ -725,6 +738,7 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
            opt.shard ? ", sharded" : "", (double)state_bytes / 1e6,
            (double)(params * sizeof(float) * (size_t)state_per_element(opt.optimizer)) / 1e6);
 
+  const int early_update = !opt.update_after && !opt.shard && !opt.elastic && !t.device_grads;
   int* labels = xmalloc((size_t)B * sizeof(int));
   double* steps_s = xmalloc((size_t)opt.steps * sizeof(double));
   /* Two doubles per rank; an elastic job may grow (joiners), so room for more than it has now. */
@@ -761,6 +775,19 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
       if (l > 0) linear_backward_input(m.dact[l + 1], m.W[l], m.act[l], m.dact[l], B, kDims[l], kDims[l + 1]);
     }
     const double t_bwd = now_s();
+    /* Each layer's update as soon as its bucket is reduced (ddp_wait_grad), while the buckets of the
+     * layers before it are still on the wire; what is not reduced yet, after ddp_finish_backward.
+     * Not with --elastic: an update made before the iteration commits could not be skipped when a
+     * rank is lost. */
+    int updated[NUM_LAYERS] = {0};
+    for (int l = NUM_LAYERS - 1; early_update && l >= 0; --l) {
+      int rw = 0, rb = 0;
+      check(ddp_wait_grad(t.ddp, t.grad_index[l][0], NULL, &rw), "ddp_wait_grad");
+      check(ddp_wait_grad(t.ddp, t.grad_index[l][1], NULL, &rb), "ddp_wait_grad");
+      if (!rw || !rb) break; /* not launched yet (buckets launch in order): none after it either */
+      update_layer(&opt, &m, s1, s2, step + 1, l);
+      updated[l] = 1;
+    }
     check(ddp_finish_backward(t.ddp, stream_of(&t)), "ddp_finish_backward");
     grads_to_host(&t, &m);
     /* The optimizer: every rank applies the same averaged grads, so the parameters stay identical.
@@ -774,10 +801,8 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
       }
       check(ddp_gather_params(t.ddp, NULL), "ddp_gather_params");
     } else {
-      for (int l = 0; l < NUM_LAYERS; ++l) {
-        optimizer_step(&opt, step + 1, m.W[l], m.dW[l], s1[2 * l], s2[2 * l], wcount(l));
-        optimizer_step(&opt, step + 1, m.b[l], m.db[l], s1[2 * l + 1], s2[2 * l + 1], (size_t)kDims[l + 1]);
-      }
+      for (int l = 0; l < NUM_LAYERS; ++l)
+        if (!updated[l]) update_layer(&opt, &m, s1, s2, step + 1, l);
     }
     const double t1 = now_s();
     steps_s[step] = t1 - t0;
@@ -847,7 +872,8 @@ static int train(const options_t* options, ddp_comm_t comm, int device_grads) {
         "buckets: %d per step, %.1f MB reduced per step; library memory %.1f MB (of which the grads' arena %.1f MB)\n",
         nb, (double)st.bytes_reduced / 1e6 / iters, (double)st.library_bytes / 1e6, (double)st.arena_bytes / 1e6);
     printf(
-        "overlap: buckets in flight %.1f ms per step, %.1f ms of it exposed (ddp_finish_backward waiting): "
+        "overlap: buckets in flight %.1f ms per step, %.1f ms of it exposed (ddp_finish_backward and ddp_wait_grad "
+        "waiting): "
         "%.0f%% hidden behind backward\n",
         comm_ms, exposed_ms, comm_ms > 0.0 && exposed_ms < comm_ms ? 100.0 * (1.0 - exposed_ms / comm_ms) : 0.0);
     printf("ranks agree: losses and parameters identical on all %d ranks at every step\n", t.world);

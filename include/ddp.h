@@ -550,6 +550,24 @@ DDP_API ddp_status_t ddp_grad_ready_ptr(ddp_t ddp, int index, void* grad);
  * Errors of any bucket (timeouts, failed collectives) surface here. Collective (when sync is on). */
 DDP_API ddp_status_t ddp_finish_backward(ddp_t ddp, void* stream);
 
+/* Inside a backward pass, after grad `index` was marked ready: whether its reduced value can be had
+ * before ddp_finish_backward, and if so, waits for it. *reduced = 1: host memory returns once the
+ * grad's bucket is reduced and scaled (later buckets may still travel); on GPUs `stream` is made to
+ * wait for that bucket (no host sync) and the grad is final in stream order. So a trainer can update
+ * each layer as its bucket arrives, overlapping its optimizer with the wire (buckets arrive in plan
+ * order: the order grads became ready in the first iteration, or registration order). *reduced = 0,
+ * nothing waited for: the bucket is not launched yet (it holds grads not marked ready, or a bucket
+ * before it does: buckets launch in plan order), or nothing is launched before ddp_finish_backward
+ * (the first iteration of a learned plan, delay_allreduce, sync off), or the context is sharded (its
+ * buckets end as shards); the value is final after ddp_finish_backward. Whatever ddp_finish_backward
+ * decides comes after an early update: the unused-grad report, check_finite's counts and, in elastic
+ * contexts, whether the iteration committed; trainers that skip a step on those update after it.
+ * Errors of the buckets launched so far (timeouts, failed collectives) surface here as they would
+ * there: a later bucket's error may come first, in a wait for an earlier one.
+ * DDP_ERR_INVALID_STATE outside a backward pass or before the grad is marked ready; NULL `reduced`
+ * is DDP_ERR_INVALID_ARGUMENT. */
+DDP_API ddp_status_t ddp_wait_grad(ddp_t ddp, int index, void* stream, int* reduced);
+
 /* Turns reduction on (1) or off (0) for the following iterations (apex enable/disable_allreduce,
  * torch no_sync): with it off, backward passes only accumulate locally. Not inside a backward pass.
  * Every rank must use the same setting in each iteration. Ranks that ran different numbers of
@@ -717,7 +735,7 @@ typedef struct ddp_stats {
    * bytes_received say what travelled. */
   uint64_t bytes_reduced;
   uint64_t comm_time_ns;      /* summed over buckets: launch to completion */
-  uint64_t exposed_time_ns;   /* summed over iterations: time ddp_finish_backward waited */
+  uint64_t exposed_time_ns;   /* summed over iterations: time ddp_finish_backward and ddp_wait_grad waited */
   uint64_t last_exposed_ns;   /* that time in the last iteration */
   uint64_t library_bytes;     /* memory held by the library beyond user-owned grads (arena included) */
   uint64_t arena_bytes;       /* of which grad storage in the arena layout */

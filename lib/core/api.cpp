@@ -570,6 +570,15 @@ ddp_status_t ddp_gather_params(ddp_t d, void* stream) {
   return guard(__func__, [&] { ctx(d).gather_params(stream); });
 }
 
+ddp_status_t ddp_wait_grad(ddp_t d, int index, void* stream, int* reduced) {
+  return guard(__func__, [&] {
+    Context& c = ctx(d);
+    need(reduced, "reduced");
+    *reduced = 0;
+    *reduced = c.wait_grad(index, stream) ? 1 : 0;
+  });
+}
+
 ddp_status_t ddp_wait_params(ddp_t d, int index, void* stream) {
   return guard(__func__, [&] { ctx(d).wait_params(index, stream); });
 }

@@ -53,6 +53,11 @@ class Stream {
   // clears it). Throws DDP_ERR_TIMEOUT at the deadline, or when a task has been blocked in a
   // collective for longer than the task timeout (the stream then writes that task off).
   virtual void drain(Deadline deadline) = 0;
+  // Tasks submitted so far: a mark for drain_to (host streams; 0 elsewhere).
+  virtual uint64_t submitted() { return 0; }
+  // Host waits until the tasks submitted before `mark` have finished (later ones may still run), with
+  // drain's errors and bounds. Streams that run their tasks inline drain.
+  virtual void drain_to(uint64_t mark, Deadline deadline) { drain(deadline); }
   // Whether submit runs a task at once on the submitting thread, where it only enqueues device work
   // (CUDA); otherwise a worker runs it to completion, so that timing run() times the work (host).
   virtual bool runs_inline() const = 0;
@@ -76,6 +81,9 @@ class Stream {
   virtual bool finishes_later(int tag, std::atomic<int32_t>* done) { return false; }
   // The tag of the oldest bucket announced by finishes_later whose work has not completed, or -1.
   virtual int oldest_unfinished() { return -1; }
+  // Makes `user_stream` wait for the work of bucket `tag` announced by finishes_later (GPU streams);
+  // nothing when that work has completed already. Host streams: nothing.
+  virtual void user_wait_tag(void* user_stream, int tag) {}
   // Rethrows (and clears) the first error a task raised, without waiting.
   virtual void poll_error() = 0;
   // Stops running queued tasks (after a fatal error): they are dropped as if finished.

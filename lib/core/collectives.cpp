@@ -73,6 +73,7 @@ void Context::shadow_iteration(int32_t kind) {
   learning_ = backward && cfg_.learned() && !reducer_->plan().learned;
   if (learning_) learner_.reset(specs_.size());
   reducer_->begin(nullptr, iterations_);
+  last_exposed_ns_ = 0;
   progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   if (learning_) {
     learning_ = false;

@@ -37,6 +37,8 @@ class Context {
   void begin_backward(void* stream);
   void grad_ready(int index, void* grad);
   void finish_backward(void* stream);
+  // Whether grad `index`'s reduced value can be had before ddp_finish_backward; if so, waits for it.
+  bool wait_grad(int index, void* stream);
   void set_sync(bool enabled);
   void reduce_all(void* stream);
   void broadcast(void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes, int n, int root, void* stream);

@@ -24,6 +24,7 @@ const char* call_text(int32_t c) {
     case Call::Join: return "in ddp_join";
     case Call::HostAllreduce: return "in ddp_allreduce_host";
     case Call::Barrier: return "in ddp_barrier";
+    case Call::WaitGrad: return "in ddp_wait_grad (inside backward)";
   }
   return "in an unknown call";
 }

@@ -28,7 +28,8 @@ enum class Call : int32_t {
   ShardNorm,
   Join,
   HostAllreduce,
-  Barrier
+  Barrier,
+  WaitGrad
 };
 struct Position {
   int64_t iteration = -1;  // -1: the rank did not answer; -2: its port refused (the process is gone)

@@ -32,6 +32,7 @@ void Context::begin_backward(void* stream) {
   reducer_->begin(stream, iterations_);
   user_stream_ = stream;
   begin_ns_ = now_ns();
+  last_exposed_ns_ = 0;
   state_ = State::InBackward;
   progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
   set_call(Call::Backward);
@@ -61,6 +62,31 @@ void Context::grad_ready(int index, void* grad) {
   fatal_on_error([&] { reducer_->mark_ready(index, launch, t); });
 }
 
+// A bucket launched in this iteration can be waited for alone. One that is not launched yet waits
+// for grads (its own or an earlier bucket's) that only this thread can mark, or for ddp_finish_backward
+// (the first iteration of a learned plan, delay_allreduce, sync off): waiting would never end, so the
+// answer is "not yet". Sharded buckets end as shards: ddp_get_shard after ddp_finish_backward.
+bool Context::wait_grad(int index, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (state_ != State::InBackward)
+    fail(DDP_ERR_INVALID_STATE,
+         "grad %d: no backward pass in progress (ddp_wait_grad is for inside one; after ddp_finish_backward every "
+         "grad is reduced)",
+         index);
+  check_index(index);
+  if (!reducer_->is_ready(index))
+    fail(DDP_ERR_INVALID_STATE, "grad %d was not marked ready in this backward pass (call ddp_grad_ready first)",
+         index);
+  if (!iteration_synced_ || cfg_.sharded() || !reducer_->launched_grad(index)) return false;
+  CallScope scope(this, Call::WaitGrad);
+  const uint64_t t0 = now_ns();
+  fatal_on_error([&] { reducer_->wait_grad(index, stream, Deadline::never()); });
+  last_exposed_ns_ += now_ns() - t0;
+  exposed_ns_ += now_ns() - t0;
+  return true;
+}
+
 void Context::learn_plan() {
   // apex sync_bucket_structure: rank 0's learned buckets become every rank's.
   Plan local = learner_.finish(specs_, cfg_.c.message_size, cfg_.c.num_streams);
@@ -87,8 +113,8 @@ void Context::learn_plan() {
 void Context::wait_buckets(void* stream) {
   const uint64_t t0 = now_ns();
   reducer_->finish(stream, Deadline::never());
-  last_exposed_ns_ = now_ns() - t0;
-  exposed_ns_ += last_exposed_ns_;
+  last_exposed_ns_ += now_ns() - t0;  // after the iteration's ddp_wait_grad waits
+  exposed_ns_ += now_ns() - t0;
 }
 
 void Context::watch_stragglers() {
@@ -174,6 +200,7 @@ void Context::reduce_all(void* stream) {
     commit_locked();
     if (cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kReduceAll);
     reducer_->begin(stream, iterations_);
+    last_exposed_ns_ = 0;
     reducer_->launch_all();
     wait_buckets(stream);
     if (cfg_.c.elastic) {  // what the join watches saw, as after a backward pass

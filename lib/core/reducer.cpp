@@ -44,6 +44,7 @@ struct Reducer::BucketRt {
   int ready = 0;
   char* base = nullptr;  // arena: the bucket's storage
   uint64_t ready_ns = 0, launch_ns = 0, start_ns = 0;
+  uint64_t mark = 0;  // host streams: its stream's task count once its task was submitted (drain_to)
 };
 
 // A bucket's failure says which step and bucket it was: the first thing to know when a rank died
@@ -515,6 +516,7 @@ void Reducer::launch(int b) {
   r.done = false;
   env_.device->stream_wait_user(s, user_stream_);
   s.submit(&r.whole);
+  r.mark = s.submitted();
 }
 
 // GPU streams run a task at once on this thread, where it only enqueues: so the steps of several
@@ -746,6 +748,24 @@ void Reducer::finish(void* user_stream, Deadline dl) {
   for (int b = 0; b < next_; ++b)
     if (env_.device->take_nonfinite(static_cast<size_t>(b), stream_of(b)))
       env_.stats->nonfinite_buckets.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Reducer::wait_grad(int g, void* user_stream, Deadline dl) {
+  const int b = plan_.bucket_of[static_cast<size_t>(g)];
+  const int si = plan_.buckets[static_cast<size_t>(b)].stream;
+  Stream& s = stream_of(b);
+  try {
+    if (!workers_) {
+      s.user_wait_tag(user_stream, b);
+      s.poll_error();
+    } else {
+      s.drain_to(rt_[static_cast<size_t>(b)]->mark, dl);
+    }
+  } catch (const Error& e) {
+    const bool named = std::strncmp(e.what(), "iteration ", 10) == 0;  // as in finish
+    if (e.status() == DDP_ERR_TIMEOUT && !named) throw Error(e.status(), stuck(si) + e.what());
+    throw;
+  }
 }
 
 // Where stream `si` stands: its first launched bucket that has not finished (a task that timed out

@@ -91,6 +91,12 @@ class Reducer {
   // Waits for every launched bucket (host), or makes `user_stream` wait for them (GPU), then checks
   // the epilogue (every bucket launched and finished). Rethrows a bucket's error.
   void finish(void* user_stream, Deadline dl);
+  // Whether grad g's bucket was launched in this iteration (launches go in plan order: a bucket waits
+  // for its own grads and for every bucket before it).
+  bool launched_grad(int g) const { return plan_.bucket_of[static_cast<size_t>(g)] < next_; }
+  // Waits for grad g's bucket (launched): host memory returns once its work has finished (later
+  // buckets may still run); GPU makes `user_stream` wait for it. Rethrows its stream's error.
+  void wait_grad(int g, void* user_stream, Deadline dl);
   // Stops queued work after a fatal error.
   void cancel();
   // Averages divide by `divisor` ranks from the next launch on (uneven inputs: the contributors).

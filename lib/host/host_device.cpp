@@ -115,7 +115,12 @@ class HostStream final : public Stream {
     st_->work_cv.notify_one();
   }
 
-  void drain(Deadline deadline) override;
+  void drain(Deadline deadline) override { drain_to(UINT64_MAX, deadline); }
+  uint64_t submitted() override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    return st_->submitted;
+  }
+  void drain_to(uint64_t mark, Deadline deadline) override;
   void run_blocking(const std::function<void()>& f) override {
     host::BlockingCall call;
     f();
@@ -172,11 +177,11 @@ class HostStream final : public Stream {
 // The deadline is kept here, by the thread that waits, not by the worker that moves the bytes: the
 // worker may sit in a blocking collective, which is much faster than polling one. A task that has
 // been blocked in a collective for task_timeout_ms is written off; one that computes is waited for.
-void HostStream::drain(Deadline deadline) {
+void HostStream::drain_to(uint64_t mark, Deadline deadline) {
   WorkerState& w = *st_;
   std::unique_lock<std::mutex> lock(w.mu);
   for (;;) {
-    if (w.finished == w.submitted || w.abandoned) break;
+    if (w.finished >= std::min(mark, w.submitted) || w.abandoned) break;
     if (w.cancelled && w.blocked) {  // after a fatal error nothing waits for a collective's peers
       abandon();
       break;

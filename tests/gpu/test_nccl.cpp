@@ -99,6 +99,16 @@ void register_all(ddp_t ddp, const std::vector<Grad>& g, bool arena) {
   }
 }
 
+// A context over `comm` with make_grads' grads registered (copy layout: device memory allocated here).
+ddp_t context_with_grads(ddp_comm_t comm, const ddp_config_t& cfg, std::mt19937_64& rng, std::vector<Grad>* g) {
+  ddp_t ddp = nullptr;
+  DDP_OK(ddp_create(comm, &cfg, &ddp));
+  *g = make_grads(rng, true);
+  if (cfg.layout == DDP_LAYOUT_COPY) alloc_grads(*g);
+  register_all(ddp, *g, cfg.layout == DDP_LAYOUT_ARENA);
+  return ddp;
+}
+
 }  // namespace
 
 GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dtype, float64 reference") {
@@ -131,11 +141,8 @@ GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dt
           cfg.gradient_predivide_factor = sc.predivide;
           cfg.allreduce_always_fp32 = fp32;
           cfg.timeout_ms = 60000;
-          ddp_t ddp = nullptr;
-          DDP_OK(ddp_create(nc.comm, &cfg, &ddp));
-          std::vector<Grad> g = make_grads(rng, true);
-          if (!arena) alloc_grads(g);
-          register_all(ddp, g, arena != 0);
+          std::vector<Grad> g;
+          ddp_t ddp = context_with_grads(nc.comm, cfg, rng, &g);
           // NCCL sums 16-bit types natively: they travel as themselves unless allreduce_always_fp32.
           int nb = 0;
           DDP_OK(ddp_get_plan(ddp, &nb, nullptr));
@@ -163,6 +170,64 @@ GPU_TEST_CASE("nccl world 1: layouts x streams x scaling paths x plans, every dt
       }
     }
   }
+  cudaStreamDestroy(stream);
+}
+
+// ddp_wait_grad before ddp_finish_backward: each grad read back on the caller's stream right after its
+// wait must hold its reduced value (the stream waits for that bucket alone: later buckets are not
+// waited for, and nothing but the wait orders the read after the bucket's work).
+GPU_TEST_CASE("nccl world 1: ddp_wait_grad makes the caller's stream wait for the grad's bucket") {
+  std::mt19937_64 rng(gt::seed() + 15);
+  Nccl nc;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int arena = 0; arena < 2; ++arena)
+    for (int ns : {1, 3}) {
+      CAPTURE(arena);
+      CAPTURE(ns);
+      ddp_config_t cfg;
+      DDP_OK(ddp_config_init(&cfg));
+      cfg.plan_order = DDP_PLAN_REGISTRATION;  // the last grad's bucket first
+      cfg.layout = arena ? DDP_LAYOUT_ARENA : DDP_LAYOUT_COPY;
+      cfg.gradient_predivide_factor = 2.0;
+      cfg.num_streams = ns;
+      cfg.message_size = 5000;
+      cfg.timeout_ms = 60000;
+      std::vector<Grad> g;
+      ddp_t ddp = context_with_grads(nc.comm, cfg, rng, &g);
+      for (int it = 0; it < 2; ++it) {
+        DDP_OK(ddp_begin_backward(ddp, stream));
+        std::vector<std::vector<char>> staged(g.size()), back(g.size());
+        for (size_t i = g.size(); i-- > 0;) {
+          Grad& x = g[i];
+          if (arena) DDP_OK(ddp_grad_ptr(ddp, static_cast<int>(i), &x.ptr));
+          x.value = gt::random_values(rng, x.numel, x.dtype);
+          staged[i] = gt::encode(x.value, x.dtype);
+          CUDA_OK(cudaMemcpyAsync(x.ptr, staged[i].data(), staged[i].size(), cudaMemcpyHostToDevice, stream));
+          DDP_OK(ddp_grad_ready(ddp, static_cast<int>(i)));
+        }
+        for (size_t i = g.size(); i-- > 0;) {
+          int reduced = 0;
+          DDP_OK(ddp_wait_grad(ddp, static_cast<int>(i), stream, &reduced));
+          CHECK(reduced == 1);
+          back[i].resize(staged[i].size());
+          CUDA_OK(cudaMemcpyAsync(back[i].data(), g[i].ptr, back[i].size(), cudaMemcpyDeviceToHost, stream));
+        }
+        CUDA_OK(cudaStreamSynchronize(stream));
+        size_t bad = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          std::vector<double> want(g[i].value);
+          for (double& x : want) x *= scale_of(cfg, 1);
+          bad +=
+              gt::mismatches(gt::decode(back[i], g[i].dtype), want, g[i].dtype, ("grad " + std::to_string(i)).c_str());
+        }
+        CHECK(bad == 0);
+        DDP_OK(ddp_finish_backward(ddp, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+      }
+      DDP_OK(ddp_destroy(ddp));
+      if (!arena) free_grads(g);
+    }
   cudaStreamDestroy(stream);
 }
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "../support/reference.hpp"
+#include "../support/random_grads.hpp"
 #include "ddp.h"
 #include "local_ranks.hpp"
 
@@ -36,50 +36,19 @@ namespace {
 
 bool reduce_random(int rank, int world, ddp_comm_t comm, uint64_t seed, const ddp_config_t& cfg) {
   std::mt19937_64 shared(seed), mine(seed + 1 + static_cast<uint64_t>(rank));
-  const int n = 1 + static_cast<int>(shared() % 30);
-  std::vector<ddp_dtype_t> types(static_cast<size_t>(n));
-  std::vector<size_t> sizes(static_cast<size_t>(n));
-  std::vector<std::vector<char>> bufs(static_cast<size_t>(n));
   ddp_t d;
   if (ddp_create(comm, &cfg, &d) != DDP_SUCCESS) return false;
-  std::vector<int> idx(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    types[static_cast<size_t>(i)] = static_cast<ddp_dtype_t>(shared() % 4);
-    sizes[static_cast<size_t>(i)] = 1 + shared() % 3000;
-    bufs[static_cast<size_t>(i)].resize(sizes[static_cast<size_t>(i)] * 8);
-    if (ddp_register_grad(d, cfg.layout ? nullptr : bufs[static_cast<size_t>(i)].data(), sizes[static_cast<size_t>(i)],
-                          types[static_cast<size_t>(i)], 0, &idx[static_cast<size_t>(i)]) != DDP_SUCCESS)
-      return false;
-  }
-  bool ok = true;
-  std::vector<int> order(idx);
+  ref::RandomGrads g;
+  bool ok = g.make(d, seed, cfg, shared, 30);
+  std::vector<int> order(g.idx);
+  const double scale = cfg.gradient_average ? 1.0 / world : 1.0 / cfg.gradient_predivide_factor;
   for (int it = 0; it < 3 && ok; ++it) {
-    auto at = [&](int i) -> void* {
-      if (!cfg.layout) return bufs[static_cast<size_t>(i)].data();
-      void* p = nullptr;
-      ddp_grad_ptr(d, idx[static_cast<size_t>(i)], &p);
-      return p;
-    };
-    for (int i = 0; i < n; ++i)
-      for (size_t e = 0; e < sizes[static_cast<size_t>(i)]; ++e)
-        ref::store(at(i), e, types[static_cast<size_t>(i)],
-                   ref::quantize(ref::raw_value(seed, rank, it, i, e), types[static_cast<size_t>(i)]));
+    g.fill(rank, it);
     std::shuffle(order.begin(), order.end(), mine);
     ok = ddp_begin_backward(d, nullptr) == DDP_SUCCESS;
     for (int i : order) ok = ok && ddp_grad_ready(d, i) == DDP_SUCCESS;
     ok = ok && ddp_finish_backward(d, nullptr) == DDP_SUCCESS;
-    const double scale = cfg.gradient_average ? 1.0 / world : 1.0 / cfg.gradient_predivide_factor;
-    for (int i = 0; ok && i < n; ++i)
-      for (size_t e = 0; ok && e < sizes[static_cast<size_t>(i)]; ++e) {
-        double sum = 0, mag = 0;
-        for (int r = 0; r < world; ++r) {
-          double v = ref::quantize(ref::raw_value(seed, r, it, i, e), types[static_cast<size_t>(i)]);
-          sum += v;
-          mag += std::fabs(v);
-        }
-        ok = ref::close(ref::load(at(i), e, types[static_cast<size_t>(i)]), sum * scale, mag * scale,
-                        types[static_cast<size_t>(i)]);
-      }
+    for (int i = 0; ok && i < g.count(); ++i) ok = g.reduced(i, it, world, scale);
   }
   ddp_destroy(d);
   return ok;

@@ -11,7 +11,7 @@ module LibDDP
 
 using Libdl
 
-export Comm, DDP, DDPError, recover, register!, begin_backward, grad_ready, finish_backward, backward, set_sync,
+export Comm, DDP, DDPError, recover, register!, begin_backward, grad_ready, wait_grad, finish_backward, backward, set_sync,
        no_sync, reduce_all, synchronize, stats, plan, grad_array, rank, nranks
 
 # The header's types, constants (F32, ERR_TIMEOUT, VERSION_CODE, ...), struct layouts and FUNCTIONS,
@@ -265,6 +265,15 @@ function grad_ready(d::DDP, i::Integer, a::Array)
     h = handle(d)
     d.grads[i] = a
     check(ccall(sym(:ddp_grad_ready_ptr), Cint, (Ptr{Cvoid}, Cint, Ptr{Cvoid}), h, i, pointer(a)))
+end
+"""Inside a backward pass, after grad `i` was marked ready: `true` once its reduced value can be read
+(its bucket is reduced; later buckets may still travel), so a trainer can update that layer before
+`finish_backward`; `false` when nothing is launched for it yet (its bucket or an earlier one waits for
+grads, the first iteration of a learned plan, delay_allreduce, sync off, a sharded context)."""
+function wait_grad(d::DDP, i::Integer)
+    reduced = Ref{Cint}(0)
+    check(ccall(sym(:ddp_wait_grad), Cint, (Ptr{Cvoid}, Cint, Ptr{Cvoid}, Ref{Cint}), handle(d), i, C_NULL, reduced))
+    return reduced[] != 0
 end
 finish_backward(d::DDP) = check(ccall(sym(:ddp_finish_backward), Cint, (Ptr{Cvoid}, Ptr{Cvoid}), handle(d), C_NULL))
 set_sync(d::DDP, on::Bool) = check(ccall(sym(:ddp_set_sync), Cint, (Ptr{Cvoid}, Cint), handle(d), on))

@@ -215,8 +215,9 @@ const FUNCTIONS = (:ddp_status_string, :ddp_last_error, :ddp_version, :ddp_comm_
                    :ddp_comm_init_nccl_store, :ddp_comm_init_nccl_store_timeout, :ddp_comm_join_nccl,
                    :ddp_comm_wrap_nccl, :ddp_comm_rank, :ddp_comm_size, :ddp_comm_destroy, :ddp_config_init_sized,
                    :ddp_config_init, :ddp_create, :ddp_register_grad, :ddp_commit, :ddp_grad_ptr, :ddp_set_grad_ptr,
-                   :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward, :ddp_set_sync,
-                   :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_join, :ddp_recover, :ddp_allreduce_host,
-                   :ddp_barrier, :ddp_set_comm_hook, :ddp_comm_allreduce, :ddp_get_stats, :ddp_get_plan,
-                   :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr, :ddp_broadcast_params,
-                   :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy, :ddp_set_log_callback)
+                   :ddp_begin_backward, :ddp_grad_ready, :ddp_grad_ready_ptr, :ddp_finish_backward, :ddp_wait_grad,
+                   :ddp_set_sync, :ddp_reduce_all, :ddp_broadcast, :ddp_synchronize, :ddp_join, :ddp_recover,
+                   :ddp_allreduce_host, :ddp_barrier, :ddp_set_comm_hook, :ddp_comm_allreduce, :ddp_get_stats,
+                   :ddp_get_plan, :ddp_get_bucket, :ddp_get_shard, :ddp_grad_shard, :ddp_param_ptr,
+                   :ddp_broadcast_params, :ddp_gather_params, :ddp_wait_params, :ddp_shard_norm, :ddp_destroy,
+                   :ddp_set_log_callback)

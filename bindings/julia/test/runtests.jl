@@ -67,6 +67,26 @@ t("arena layout") do
     close(c)
 end
 
+t("wait_grad: a grad's reduced value before finish_backward") do
+    c = Comm(:self)
+    d = DDP(c; layout=:arena, plan_order=:registration, message_size=4)
+    i = register!(d, 5, Float32)
+    j = register!(d, 5, Float32)
+    grad_array(d, i) .= 2.0f0
+    grad_array(d, j) .= 3.0f0
+    begin_backward(d)
+    grad_ready(d, j)
+    @assert wait_grad(d, j)
+    @assert all(grad_array(d, j) .== 3.0f0)
+    grad_ready(d, i)
+    @assert wait_grad(d, i)
+    finish_backward(d)
+    e = throws_status(() -> wait_grad(d, i), LibDDP.ERR_INVALID_STATE)
+    @assert occursin("no backward pass", e.message)
+    close(d)
+    close(c)
+end
+
 t("misuse throws DDPError with the status") do
     c = Comm(:self)
     d = DDP(c)

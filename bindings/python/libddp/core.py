@@ -527,6 +527,21 @@ class DDP(_Handle):
         """Waits for every bucket (host) or makes `stream` wait (GPU); errors of any bucket raise here."""
         self._reduce(L.lib.ddp_finish_backward, self._synced, stream_ptr(stream))
 
+    def wait_grad(self, index, stream=None):
+        """Inside a backward pass, after grad `index` was marked ready: True once its reduced value can be
+        read (host: its bucket is reduced; GPU: `stream` waits for that bucket), so a trainer can update
+        that layer while later buckets still travel; False when nothing is launched for it yet (its
+        bucket or an earlier one waits for grads, the first iteration of a learned plan,
+        delay_allreduce, sync off, a sharded context): then it is final after finish_backward."""
+        reduced = ctypes.c_int(0)
+        L.lib.ddp_wait_grad(self._handle(), index, stream_ptr(stream), ctypes.byref(reduced))
+        if reduced.value and self._mirrors:
+            for i, storage in self._live_mirrors():
+                if i == index:
+                    n, code, _ = self._grads[i]
+                    ctypes.memmove(storage.raw.ctypes.data, self.grad_ptr(i), n * _ITEMSIZE[code])
+        return bool(reduced.value)
+
     def _reduce(self, fn, reduces, *args):
         """fn(handle, *args), a call after which the arena may have moved and hold reduced grads (when
         `reduces`): the live mirror arrays read them, even when the call raised (the values kept)."""

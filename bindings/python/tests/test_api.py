@@ -118,6 +118,25 @@ def test_four_thread_ranks_reduce_and_arena():
         assert np.allclose(a, 2.5) and np.allclose(b, 15.0)
 
 
+def test_wait_grad_reads_a_reduced_grad_before_finish_backward():
+    """Registration plan, one grad per bucket: the last registered is reduced first and can be read
+    before finish_backward; outside a backward pass wait_grad is refused."""
+    def body(r, d):
+        first, last = d.register(numel=40, dtype="f32"), d.register(numel=3, dtype=np.float64)
+        seen = []
+        with d.backward():
+            for k, g in ((10.0 * r, last), (r + 1, first)):
+                d.grad_array(g)[:] = k
+                d.grad_ready(g)
+                seen.append((d.wait_grad(g), d.grad_array(g).copy()))
+        with pytest.raises(libddp.InvalidStateError, match="no backward pass in progress"):
+            d.wait_grad(first)
+        return seen
+
+    for (got_last, v_last), (got_first, v_first) in _arena_ranks(4, body, plan_order="registration", message_size=3):
+        assert got_last and got_first and np.allclose(v_last, 15.0) and np.allclose(v_first, 2.5)
+
+
 def test_no_sync_context():
     g = np.zeros(3, np.float32)
     with Comm.self() as c, DDP(c) as d:
@@ -328,7 +347,7 @@ def _arena_ranks(n, body, **config):
 
     def rank(r):
         try:
-            with group.comm(r) as c, DDP(c, layout="arena", message_size=16, **config) as d:
+            with group.comm(r) as c, DDP(c, layout="arena", **{"message_size": 16, **config}) as d:
                 out[r] = body(r, d)
         except Exception as e:
             errs.append(e)

@@ -210,6 +210,20 @@ bool CudaStream::finishes_later(int tag, std::atomic<int32_t>* done) {
   return true;
 }
 
+// The newest mark of `tag` is this iteration's (a bucket's tag is its index, the same every
+// iteration); one no longer held has completed. The wait captures the event's state when enqueued,
+// so a later reuse of the event does not move it.
+void CudaStream::user_wait_tag(void* user_stream, int tag) {
+  DeviceGuard g(device_);
+  refuse_capture(user_stream, "ddp_wait_grad");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto m = marks_.rbegin(); m != marks_.rend(); ++m)
+    if (m->tag == tag) {
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(user_stream), m->event, 0));
+      return;
+    }
+}
+
 // Once the stream is late, the abort has released its stuck work, whose marks then complete: the
 // bucket to name is the one found late, not the oldest mark still pending.
 int CudaStream::oldest_unfinished() {

@@ -98,6 +98,7 @@ class CudaStream final : public Stream, public Watched {
   void watch(AsyncErrorSource* src, Deadline dl) override;
   bool finishes_later(int tag, std::atomic<int32_t>* done) override;
   int oldest_unfinished() override;
+  void user_wait_tag(void* user_stream, int tag) override;
   void scan() override;
   // Host waits for `e` (recorded on this stream), bounded as drain is.
   void wait_event(cudaEvent_t e);

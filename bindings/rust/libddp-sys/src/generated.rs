@@ -278,6 +278,7 @@ extern "C" {
     pub fn ddp_grad_ready(ddp: ddp_t, index: c_int) -> ddp_status_t;
     pub fn ddp_grad_ready_ptr(ddp: ddp_t, index: c_int, grad: *mut c_void) -> ddp_status_t;
     pub fn ddp_finish_backward(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
+    pub fn ddp_wait_grad(ddp: ddp_t, index: c_int, stream: *mut c_void, reduced: *mut c_int) -> ddp_status_t;
     pub fn ddp_set_sync(ddp: ddp_t, enabled: c_int) -> ddp_status_t;
     pub fn ddp_reduce_all(ddp: ddp_t, stream: *mut c_void) -> ddp_status_t;
     pub fn ddp_broadcast(ddp: ddp_t, buffers: *const *mut c_void, counts: *const usize, dtypes: *const ddp_dtype_t,

@@ -608,6 +608,22 @@ impl Ddp {
         }
         Ok(())
     }
+    /// Inside a backward pass, after `g` was marked ready: `Ok(true)` once its reduced value can be
+    /// read (its bucket is reduced, later buckets may still travel; `grad` lends it from then on), so
+    /// a trainer can update that layer before `finish_backward`; `Ok(false)` when nothing is launched
+    /// for it yet (its bucket or an earlier one waits for grads, the first iteration of a learned
+    /// plan, delay_allreduce, sync off, a sharded context): it is final after `finish_backward`.
+    pub fn wait_grad(&self, g: impl GradIndex) -> Result<bool> {
+        let index = g.grad_index();
+        let mut reduced: c_int = 0;
+        self.settle(check(unsafe { sys::ddp_wait_grad(self.raw, index, ptr::null_mut(), &mut reduced) }))?;
+        if reduced != 0 {
+            if let Some(s) = usize::try_from(index).ok().and_then(|i| self.slots.get(i)) {
+                s.ready.set(false); // the library is done with it in this iteration
+            }
+        }
+        Ok(reduced != 0)
+    }
     // A fatal error leaves collectives that may still touch the grads; a refused call leaves none.
     fn settle(&self, r: Result<()>) -> Result<()> {
         if let Err(e) = &r {

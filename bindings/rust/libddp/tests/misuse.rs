@@ -114,3 +114,31 @@ fn a_joiner_that_no_job_admits_times_out_saying_so() {
     drop(ddp);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// wait_grad: "not yet" while the learned plan is recorded, then the reduced value before
+// finish_backward (and `grad` lends it); refused outside a backward pass.
+#[test]
+fn wait_grad_lends_a_reduced_grad_before_finish() {
+    let comm = Comm::single().unwrap();
+    let mut ddp = Ddp::new(&comm, &Config::default()).unwrap();
+    let a = ddp.register::<f32>(16).unwrap();
+    let b = ddp.register::<f32>(16).unwrap();
+    let e = ddp.wait_grad(a).unwrap_err();
+    assert_eq!(e.status, sys::DDP_ERR_INVALID_STATE);
+    assert!(e.message.contains("no backward pass in progress"), "{}", e.message);
+    for it in 0..2 {
+        ddp.grad_mut(&a).unwrap().fill(2.0);
+        ddp.grad_mut(&b).unwrap().fill(3.0);
+        ddp.begin_backward().unwrap();
+        ddp.grad_ready(b).unwrap();
+        ddp.grad_ready(a).unwrap();
+        let reduced = ddp.wait_grad(a).unwrap();
+        assert_eq!(reduced, it == 1, "iteration {it}: the first one learns the plan");
+        if reduced {
+            assert!(ddp.grad(&a).unwrap().iter().all(|&x| x == 2.0));
+        } else {
+            assert!(ddp.grad(&a).is_err());
+        }
+        ddp.finish_backward().unwrap();
+    }
+}
