@@ -563,7 +563,9 @@ DDP_API ddp_status_t ddp_finish_backward(ddp_t ddp, void* stream);
  * decides comes after an early update: the unused-grad report, check_finite's counts and, in elastic
  * contexts, whether the iteration committed; trainers that skip a step on those update after it.
  * Errors of the buckets launched so far (timeouts, failed collectives) surface here as they would
- * there: a later bucket's error may come first, in a wait for an earlier one.
+ * there: a later bucket's error may come first, in a wait for an earlier one. Like every call it holds
+ * the context while it runs: ddp_grad_ready from another thread waits until the wait ends, so call it
+ * where backward is done with the grads it needs (after the marks, as the example trainer does).
  * DDP_ERR_INVALID_STATE outside a backward pass or before the grad is marked ready; NULL `reduced`
  * is DDP_ERR_INVALID_ARGUMENT. */
 DDP_API ddp_status_t ddp_wait_grad(ddp_t ddp, int index, void* stream, int* reduced);

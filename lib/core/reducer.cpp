@@ -543,7 +543,10 @@ void Reducer::launch_grouped(int first, int last) {
     throw;
   }
   c.group_end();
-  for (int b = first; b < last; ++b) stream_of(b).submit(&rt_[static_cast<size_t>(b)]->out);
+  for (int b = first; b < last; ++b) {
+    stream_of(b).submit(&rt_[static_cast<size_t>(b)]->out);
+    rt_[static_cast<size_t>(b)]->mark = stream_of(b).submitted();
+  }
 }
 
 // Staged: one pass in, casting and pre-scaling into the staging buffer (in-place grads: their zeros or
