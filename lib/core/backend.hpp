@@ -363,6 +363,11 @@ class Comm {
   // than at its timeout (a rank that lost a peer severs, and the loss spreads through the world in
   // one hop). After it, the communicator is unusable.
   virtual void sever() { abort(); }
+  // Before the buffers of a failed context go away: stops the transport from touching memory that an
+  // exchange posted before a failure still refers to (Gloo closes the connections of a communicator
+  // whose exchange failed: a send posted there goes out on Gloo's own thread when the peer's receive
+  // arrives, even after the collective failed here). Default: nothing is left posted.
+  virtual void drop_posted() {}
   // What sever does to the connections, as a call that any thread may make at any time, even after
   // the communicator is gone (it holds what it needs): a bucket's worker severs this way the moment
   // its collective fails, without waiting for the caller's thread to see the error.

@@ -51,6 +51,7 @@ void Context::attach(Comm& comm) {
   rank_ = comm.rank();
   world_ = comm.size();
   prober_ = comm.make_prober([this] { return position(); });
+  probe_numbers_.clear();
   bcast_ = comm.dup();
   owned_comms_.clear();
   comms_.clear();
@@ -87,6 +88,14 @@ Context::~Context() {
       s->drain(Deadline::never());
     } catch (...) {
     }
+  }
+  // A failed exchange may have left a send posted that the transport still reads on its own thread:
+  // that is over before the buffers go away. (Borrowed stream communicators are the caller's.)
+  if (aborted_ || lost_) {
+    if (cfg_.stream_comms.empty())
+      for (Comm* c : comms_) c->drop_posted();
+    if (ctrl_) ctrl_->drop_posted();
+    if (bcast_) bcast_->drop_posted();
   }
   reducer_.reset();
   streams_.clear();

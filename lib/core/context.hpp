@@ -77,7 +77,9 @@ class Context {
   // Elastic: the plan the survivors go on with (the new rank 0's).
   std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
-  void rebuild(std::unique_ptr<Comm> comm, Deadline dl);
+  // `members`: each new rank's number in the communicator the agreement ran over (a loss; none for
+  // an admission).
+  void rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members = nullptr);
   Deadline membership_deadline() const;
   // The communicators, streams, prober and reducer of the generation that ends, dropped.
   void retire();
@@ -211,6 +213,9 @@ class Context {
   uint64_t wire_base_[2] = {0, 0};  // bytes sent and received through borrowed comms before creation
   int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
   int64_t warned_iteration_ = -1;   // the iteration whose stall was reported (once per wait)
+  // After a rebuild that failed half way: each rank of base_'s number in prober_'s (which is the
+  // generation's before); empty: the same numbers.
+  std::vector<int> probe_numbers_;
   std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
 };
 

@@ -84,7 +84,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   try {
     Regrouped g = agree_members(Deadline::after_ms(t), dl);
     confirm_members(*g.comm, dl);
-    rebuild(std::move(g.comm), dl);
+    rebuild(std::move(g.comm), dl, &g.members);
     lost_ = false;
     settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
   } catch (const Error& e) {
@@ -145,22 +145,27 @@ void Context::settle_membership(int old_rank, int old_world, const std::vector<i
 // Check in with the others through the store; whether a rank that has not checked in is still alive
 // is asked through the stall inspector's ports (a dead process refuses at once).
 Regrouped Context::agree_members(Deadline window, Deadline dl) {
+  // (after a rebuild or an admission that failed half way, the new membership's communicator is all
+  // there is; the prober kept from before asks its members by their old numbers)
+  Comm& at = ctrl_ ? *ctrl_ : *base_;
   Prober* prober = prober_.get();
-  const int old_world = world_;
-  auto answering = [prober, old_world] {
-    std::vector<Liveness> alive(static_cast<size_t>(old_world), Liveness::Alive);
+  const int n = at.size();
+  const std::vector<int> numbers = probe_numbers_;
+  auto answering = [prober, n, numbers] {
+    std::vector<Liveness> alive(static_cast<size_t>(n), Liveness::Alive);
     if (!prober) return alive;
     // A live rank answers from its inspector thread within milliseconds; a cut-off one never does,
     // and each ask for it costs the whole wait.
     const std::vector<Position> pos = prober->ask(150);
-    for (size_t r = 0; r < alive.size() && r < pos.size(); ++r) alive[r] = liveness_of(pos[r]);
+    for (size_t r = 0; r < alive.size(); ++r) {
+      const size_t p = numbers.empty() ? r : static_cast<size_t>(numbers[r]);
+      if (p < pos.size()) alive[r] = liveness_of(pos[p]);
+    }
     return alive;
   };
   try {
     // A failed attempt (a survivor died during it) is retried under a name of its own.
     const std::string name = std::to_string(epoch_ + 1) + "." + std::to_string(attempts_++);
-    // (after an admission that failed half way, the new membership's communicator is all there is)
-    Comm& at = ctrl_ ? *ctrl_ : *base_;
     return at.regroup(name, static_cast<int64_t>(iterations_), answering, window, dl);
   } catch (const Error& e) {
     if (e.status() == DDP_ERR_RANK_LOST) abort(e);  // left out: this process is no longer in the job
@@ -198,13 +203,24 @@ void Context::retire() {
 
 // The old generation retired (its communicators keep what a written-off worker may still use), the
 // new one made over `comm`, with the reducer over the plan the survivors agree on.
-void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl) {
+void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members) {
   uint64_t wire[2];
   wire_totals(true, wire);
   wire_carried_[0] = wire[0] + wire_base_[0];
   wire_carried_[1] = wire[1] + wire_base_[1];
   std::unique_ptr<Plan> plan(reducer_ ? new Plan(reducer_->plan()) : nullptr);
+  // Until the new generation stands (attach makes its prober), the old prober stays: should this
+  // rebuild fail (a member lost while it is made), the next agreement, over `comm`, still tells a
+  // dead member from a late one by asking each by its old number.
+  std::unique_ptr<Prober> kept;
+  std::vector<int> numbers;
+  if (members && prober_) {
+    kept = std::move(prober_);
+    for (int m : *members) numbers.push_back(probe_numbers_.empty() ? m : probe_numbers_[static_cast<size_t>(m)]);
+  }
   retire();
+  prober_ = std::move(kept);
+  probe_numbers_ = std::move(numbers);
   base_ = std::move(comm);
   {
     const CreationScope bounded(dl);

@@ -455,6 +455,9 @@ class GlooComm final : public Comm {
     aborted_ = true;
     severer()();
   }
+  void drop_posted() override {
+    if (failed_->load()) severer()();
+  }
   std::function<void()> severer() override {
     std::shared_ptr<gloo::Context> ctx = ctx_;
     std::shared_ptr<GlooRingLink> link = link_;
@@ -550,13 +553,40 @@ class GlooComm final : public Comm {
   size_t piece_bytes_ = host::piece_bytes();
   int dups_ = 0;
   bool aborted_ = false;
+  std::string latest_attempt(const std::string& epoch, Deadline dl);
+  std::string tried_epoch_;       // the membership ("E.") of the last agreement run over this communicator
+  long long tried_attempt_ = -1;  // and its attempt
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
+// An agreement is named "E.K": membership E, attempt K. A survivor whose attempt failed later than
+// another's (it waited longer for a rank that died in the middle of the recovery) would otherwise
+// retry under a lower attempt than the others and never meet them: each agreement goes to the latest
+// attempt of E in which any rank has checked in, if that is later than its own, and never to one
+// this rank tried already.
+std::string GlooComm::latest_attempt(const std::string& epoch, Deadline dl) {
+  const size_t dot = epoch.rfind('.');
+  if (dot == std::string::npos) return epoch;
+  const std::string e = epoch.substr(0, dot + 1);
+  long long k = std::atoll(epoch.c_str() + dot + 1);
+  if (e == tried_epoch_) k = std::max(k, tried_attempt_ + 1);
+  for (bool started = true; started;) {
+    started = false;
+    std::vector<char> v;
+    for (int r = 0; r < size() && !started; ++r)
+      started = world_->rv.store->try_get(key_ + ".e" + e + std::to_string(k + 1) + "/in/" + std::to_string(r), &v, dl);
+    if (started) ++k;
+  }
+  tried_epoch_ = e;
+  tried_attempt_ = k;
+  return e + std::to_string(k);
+}
+
 // The survivors agree through the store (host/membership.hpp); the new Gloo context meets under the
 // membership's prefix.
-Regrouped GlooComm::regroup(const std::string& epoch, int64_t committed,
+Regrouped GlooComm::regroup(const std::string& requested, int64_t committed,
                             const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) {
+  const std::string epoch = latest_attempt(requested, dl);
   const std::string base = key_ + ".e" + epoch;
   const Agreed a = agree_membership(*world_->rv.store, base, epoch, rank(), size(), committed, answering, window, dl);
   Regrouped g;
