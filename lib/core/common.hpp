@@ -90,6 +90,12 @@ class Deadline {
     if (b.infinite_) return a;
     return a.at_ <= b.at_ ? a : b;
   }
+  // The one of `a` and `b` that passes last.
+  static Deadline later(Deadline a, Deadline b) {
+    if (a.infinite_) return a;
+    if (b.infinite_) return b;
+    return a.at_ >= b.at_ ? a : b;
+  }
   bool infinite() const { return infinite_; }
   bool passed() const { return !infinite_ && Clock::now() >= at_; }
   // The point itself; the clock's last point when infinite.

@@ -83,8 +83,12 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   const int old_rank = rank_, old_world = world_;
   try {
     Regrouped g = agree_members(Deadline::after_ms(t), dl);
-    confirm_members(*g.comm, dl);
-    rebuild(std::move(g.comm), dl, &g.members);
+    // The agreement may have spent most of the bound waiting for a rank that then died: the members
+    // it agreed on are there now, and get at least timeout_ms to make the new communicators (a rank
+    // left with a millisecond would give up on a creation the others complete).
+    const Deadline made = Deadline::later(dl, Deadline::after_ms(t));
+    confirm_members(*g.comm, made);
+    rebuild(std::move(g.comm), made, &g.members);
     lost_ = false;
     settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
   } catch (const Error& e) {
