@@ -486,9 +486,12 @@ class DDP(_Handle):
                 n, code, _ = self._grads[i]
                 ctypes.memmove(self.grad_ptr(i), storage.raw.ctypes.data, n * _ITEMSIZE[code])
 
-    def _pull(self):
-        """The reduced values from the arena (wherever it is now) into the live mirror arrays."""
+    def _pull(self, index=None):
+        """The reduced values from the arena (wherever it is now) into the live mirror arrays (of `index`,
+        or all)."""
         for i, storage in self._live_mirrors():
+            if index is not None and i != index:
+                continue
             n, code, _ = self._grads[i]
             ctypes.memmove(storage.raw.ctypes.data, self.grad_ptr(i), n * _ITEMSIZE[code])
 
@@ -536,10 +539,7 @@ class DDP(_Handle):
         reduced = ctypes.c_int(0)
         L.lib.ddp_wait_grad(self._handle(), index, stream_ptr(stream), ctypes.byref(reduced))
         if reduced.value and self._mirrors:
-            for i, storage in self._live_mirrors():
-                if i == index:
-                    n, code, _ = self._grads[i]
-                    ctypes.memmove(storage.raw.ctypes.data, self.grad_ptr(i), n * _ITEMSIZE[code])
+            self._pull(index)
         return bool(reduced.value)
 
     def _reduce(self, fn, reduces, *args):
