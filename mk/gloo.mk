@@ -52,7 +52,7 @@ ELASTIC_BIN ?= $(BUILD)/tests/elastic
 ELASTIC_SCENARIOS ?= 100
 SUITES += elastic
 .PHONY: suite-elastic elastic-heavy
-$(ELASTIC_BIN): tests/gloo/elastic.cpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
+$(ELASTIC_BIN): tests/gloo/elastic.cpp tests/support/ports.hpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
 	$(call say,LINK,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude $< -L$(BUILD)/lib -Wl,-rpath,$(abspath $(BUILD)/lib) -lddp \

@@ -30,6 +30,11 @@ for s in "$@"; do
   [ "$f" -gt 0 ] && bad+=("$s")
   tp=$((tp + p)); tf=$((tf + f)); ts=$((ts + k))
 done
+# What failed, again at the end, where a shortened log still shows it.
+for s in "${bad[@]}"; do
+  echo "--- $s failed ($BUILD/logs/$s.log):"
+  grep -E -A2 'FAIL|panicked|ERROR|Error|error:|no summary|sanitizer' "$BUILD/logs/$s.log" | cut -c1-400 | head -n 24
+done
 [ ${#bad[@]} -gt 0 ] && echo "failing suites: ${bad[*]}"
 echo "$tp passed, $tf failed, $ts skipped"
 [ "$tf" -eq 0 ]

@@ -36,7 +36,7 @@ if [ "${HAVE_GLOO:-0}" = 1 ] && [ -x "$launch" ]; then
   bin=$(ls -t "$target"/debug/deps/mpi-* 2>/dev/null | grep -v '\.d$' | head -n 1)
   echo "--- tools/ddp_launch -n 2, Comm::gloo(\"env://\"): the mpi test without mpirun"
   LIBDDP_TEST_GLOO=env:// MASTER_ADDR=127.0.0.1 timeout 120 "$launch" -n 2 "$bin" --nocapture 2>&1 | tee -a "$log" |
-    grep -E "rust mpi ok|panicked|FAILED"
+    grep -E -A2 "rust mpi ok|panicked|FAILED"
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 fi
 passed=$(grep -oE "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | grep -oE "[0-9]+ passed" | awk '{s+=$1} END {print s+0}')

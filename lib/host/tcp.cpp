@@ -57,6 +57,25 @@ bool wait_fd(int fd, short events, Deadline dl) {
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
+// A connection to a port nobody listens on, from the same port (TCP's simultaneous open): possible on
+// loopback when the port lies in the kernel's ephemeral range (Linux hands even ports to connect(), and
+// MASTER_PORT + 1 of an odd free port is even). The "store" would then answer with this rank's own
+// requests, and its listener could not bind the port.
+bool connected_to_itself(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t a = sizeof mine, b = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0) return false;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &b) != 0) return false;
+  return a == b && std::memcmp(&mine, &peer, a) == 0;
+}
+
+// Closes with a reset, so that the port is free at once (no TIME_WAIT left on it).
+void close_at_once(Socket& s) {
+  linger l{1, 0};
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  s.close();
+}
+
 }  // namespace
 
 Socket listen_on(int port, const std::string& what) {
@@ -66,20 +85,23 @@ Socket listen_on(int port, const std::string& what) {
   if (!s.valid()) fail(DDP_ERR_INVALID_ARGUMENT, "%s: socket() failed: %s", what.c_str(), std::strerror(errno));
   int one = 1, zero = 0;
   ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc;
-  if (v6) {
-    ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 clients too
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
-  } else {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (v6) ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 clients too
+  sockaddr_in6 a6{};
+  a6.sin6_family = AF_INET6;
+  a6.sin6_addr = in6addr_any;
+  a6.sin6_port = htons(static_cast<uint16_t>(port));
+  sockaddr_in a4{};
+  a4.sin_family = AF_INET;
+  a4.sin_addr.s_addr = htonl(INADDR_ANY);
+  a4.sin_port = htons(static_cast<uint16_t>(port));
+  const sockaddr* a = v6 ? reinterpret_cast<sockaddr*>(&a6) : reinterpret_cast<sockaddr*>(&a4);
+  const socklen_t len = v6 ? sizeof a6 : sizeof a4;
+  // A port still taken a moment later is taken: the retries only outlast a client that reached this
+  // port from itself while nobody listened (it lets go at once, see connected_to_itself).
+  int rc = ::bind(s.fd(), a, len);
+  for (int tries = 0; rc != 0 && errno == EADDRINUSE && port != 0 && tries < 25; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    rc = ::bind(s.fd(), a, len);
   }
   if (rc != 0 || ::listen(s.fd(), 128) != 0)
     fail(DDP_ERR_INVALID_ARGUMENT, "%s: cannot listen on port %d: %s", what.c_str(), port, std::strerror(errno));
@@ -134,6 +156,10 @@ Socket try_connect(const std::string& host, int port, Deadline dl, bool* refused
       socklen_t len = sizeof err;
       ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
       rc = err == 0 ? 0 : -1;
+    }
+    if (rc == 0 && connected_to_itself(s.fd())) {
+      close_at_once(s);  // nobody listens there: as if refused
+      rc = -1, err = ECONNREFUSED;
     }
     if (rc != 0 && err == ECONNREFUSED && refused) *refused = true;
     if (rc == 0) out = std::move(s);

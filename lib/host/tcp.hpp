@@ -30,7 +30,7 @@ class Socket {
 };
 
 // Listens on `port` (0: any free port) of every interface. Throws DDP_ERR_INVALID_ARGUMENT naming
-// the port when it cannot (in use, not permitted).
+// the port when it cannot (in use for half a second, not permitted).
 Socket listen_on(int port, const std::string& what);
 // The port a listening socket is bound to.
 int bound_port(const Socket& s);
@@ -46,7 +46,8 @@ bool hung_up(const Socket& s);
 // listening rank may start later). Throws DDP_ERR_TIMEOUT at the deadline, naming `what`.
 Socket connect_to(const std::string& host, int port, Deadline dl, const std::string& what);
 // One connection attempt that gives up at the deadline or at the first refusal: an invalid Socket.
-// *refused (may be NULL): whether the host answered that nothing listens on the port.
+// *refused (may be NULL): whether the host answered that nothing listens on the port. A socket that
+// reached its own port (nobody listened: TCP's simultaneous open on loopback) counts as refused.
 Socket try_connect(const std::string& host, int port, Deadline dl, bool* refused = nullptr);
 
 // Sends or receives exactly `n` bytes by the deadline. Throws DDP_ERR_TIMEOUT at the deadline and

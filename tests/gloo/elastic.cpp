@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "ddp.h"
+#include "../support/ports.hpp"
 
 namespace {
 
@@ -552,20 +553,7 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   return "";
 }
 
-// A port the kernel hands out now (rank 0's store binds it again a moment later).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
+using ddp_test::free_port;
 
 }  // namespace
 

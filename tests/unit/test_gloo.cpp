@@ -25,6 +25,7 @@
 #include "core/common.hpp"
 #include "ddp.h"
 #include "host/store.hpp"
+#include "../support/ports.hpp"
 
 #ifdef DDP_TEST_HAVE_GLOO
 #include <gloo/common/error.h>
@@ -39,18 +40,7 @@ bool have_gloo() {
   return s != DDP_ERR_UNSUPPORTED;
 }
 
-// A port nobody listens on now (the kernel's choice, released at once).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using ddp_test::free_port;
 
 std::string tcp_method() { return "tcp://127.0.0.1:" + std::to_string(free_port()); }
 

@@ -1,0 +1,52 @@
+// The sockets under the rendezvous store (host/tcp.hpp): a client that retries a port nobody listens
+// on yet never ends up connected to itself, and the listener that comes later gets the port.
+#include <doctest.h>
+
+#include <chrono>
+#include <string>
+
+#include "host/tcp.hpp"
+#include "../support/ports.hpp"
+
+namespace {
+
+// A port the kernel hands to connect() on loopback, nobody listening on it: the one after a port that
+// bind() was given (Linux gives odd ports to bind and tries even ones first for connect), if free.
+int connectable_free_port() {
+  for (int tries = 0; tries < 100; ++tries) {
+    const int port = ddp_test::free_port() + 1;
+    bool refused = false;
+    ddp::tcp::Socket s = ddp::tcp::try_connect("127.0.0.1", port, ddp::Deadline::after_ms(1000), &refused);
+    if (port > 1 && port < 65536 && !s.valid() && refused) return port;
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: a client retrying a port nobody listens on never connects to itself; the listener gets the port") {
+  using namespace ddp;
+  const int port = connectable_free_port();
+  REQUIRE(port > 0);
+  // Without the guard, a loopback client meets its own port within one sweep of the even ephemeral
+  // ports (here 3,000 to 24,000 attempts): 100,000 attempts, or 10 s on a slow machine.
+  const auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int attempts = 0, connected = 0, not_refused = 0;
+  for (; attempts < 100000 && std::chrono::steady_clock::now() < stop; ++attempts) {
+    bool refused = false;
+    tcp::Socket s = tcp::try_connect("127.0.0.1", port, Deadline::after_ms(1000), &refused);
+    if (s.valid()) ++connected;
+    if (!refused) ++not_refused;
+    if (s.valid()) break;
+  }
+  INFO("port " << port << ", " << attempts << " attempts");
+  CHECK(connected == 0);
+  CHECK(not_refused == 0);
+  // The port is free for the listener that comes later, and a client reaches it.
+  tcp::Socket listener = tcp::listen_on(port, "test listener");
+  CHECK(tcp::bound_port(listener) == port);
+  tcp::Socket c = tcp::connect_to("127.0.0.1", port, Deadline::after_ms(5000), "test client");
+  tcp::Socket a = tcp::accept_within(listener, 5000);
+  CHECK(c.valid());
+  CHECK(a.valid());
+}
