@@ -172,16 +172,16 @@ typedef struct model {
 
 static size_t wcount(int l) { return (size_t)kDims[l] * (size_t)kDims[l + 1]; }
 
-/* y[B][out] = x[B][in] W[in][out] + b */
+/* y[B][out] = x[B][in] W[in][out] + b. Each row of W is read once for the whole batch (it stays in
+ * cache across the batch's rows), not once per sample; every y[r][o] still sums over i in order. */
 static void linear_forward(const float* restrict x, const float* restrict W, const float* restrict b, float* restrict y,
                            int B, int in, int out) {
-  for (int r = 0; r < B; ++r) {
-    float* yr = y + (size_t)r * out;
-    memcpy(yr, b, (size_t)out * sizeof(float));
-    const float* xr = x + (size_t)r * in;
-    for (int i = 0; i < in; ++i) {
-      const float xi = xr[i];
-      const float* wi = W + (size_t)i * out;
+  for (int r = 0; r < B; ++r) memcpy(y + (size_t)r * out, b, (size_t)out * sizeof(float));
+  for (int i = 0; i < in; ++i) {
+    const float* wi = W + (size_t)i * out;
+    for (int r = 0; r < B; ++r) {
+      const float xi = x[(size_t)r * in + i];
+      float* yr = y + (size_t)r * out;
       for (int o = 0; o < out; ++o) yr[o] += xi * wi[o];
     }
   }
@@ -205,17 +205,17 @@ static void linear_backward_params(const float* restrict x, const float* restric
   }
 }
 
-/* dx[B][in] = dy W^T, then masked by the ReLU that produced x. */
+/* dx[B][in] = dy W^T, then masked by the ReLU that produced x. Row by row of W, as the forward. */
 static void linear_backward_input(const float* restrict dy, const float* restrict W, const float* restrict x,
                                   float* restrict dx, int B, int in, int out) {
-  for (int r = 0; r < B; ++r) {
-    const float* dyr = dy + (size_t)r * out;
-    for (int i = 0; i < in; ++i) {
+  for (int i = 0; i < in; ++i) {
+    const float* wi = W + (size_t)i * out;
+    for (int r = 0; r < B; ++r) {
       if (x[(size_t)r * in + i] <= 0.0f) {
         dx[(size_t)r * in + i] = 0.0f;
         continue;
       }
-      const float* wi = W + (size_t)i * out;
+      const float* dyr = dy + (size_t)r * out;
       float acc = 0.0f;
       for (int o = 0; o < out; ++o) acc += dyr[o] * wi[o];
       dx[(size_t)r * in + i] = acc;
