@@ -172,12 +172,26 @@ typedef struct model {
 
 static size_t wcount(int l) { return (size_t)kDims[l] * (size_t)kDims[l + 1]; }
 
-/* y[B][out] = x[B][in] W[in][out] + b. Each row of W is read once for the whole batch (it stays in
- * cache across the batch's rows), not once per sample; every y[r][o] still sums over i in order. */
+/* The three products of a linear layer, each reading W (or dW) four rows at a time for the whole
+ * batch: a row block stays in cache across the batch's rows, and each batch row is read once per
+ * block. Plain loops the compiler vectorizes; a trainer of real size calls a BLAS here. */
+
+/* y[B][out] = x[B][in] W[in][out] + b */
 static void linear_forward(const float* restrict x, const float* restrict W, const float* restrict b, float* restrict y,
                            int B, int in, int out) {
   for (int r = 0; r < B; ++r) memcpy(y + (size_t)r * out, b, (size_t)out * sizeof(float));
-  for (int i = 0; i < in; ++i) {
+  int i = 0;
+  for (; i + 4 <= in; i += 4) {
+    const float* w0 = W + (size_t)i * out;
+    const float *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
+    for (int r = 0; r < B; ++r) {
+      const float* xr = x + (size_t)r * in + i;
+      const float x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+      float* yr = y + (size_t)r * out;
+      for (int o = 0; o < out; ++o) yr[o] += x0 * w0[o] + x1 * w1[o] + x2 * w2[o] + x3 * w3[o];
+    }
+  }
+  for (; i < in; ++i) {
     const float* wi = W + (size_t)i * out;
     for (int r = 0; r < B; ++r) {
       const float xi = x[(size_t)r * in + i];
@@ -193,32 +207,65 @@ static void linear_backward_params(const float* restrict x, const float* restric
   memset(db, 0, (size_t)out * sizeof(float));
   for (int r = 0; r < B; ++r)
     for (int o = 0; o < out; ++o) db[o] += dy[(size_t)r * out + o];
-  for (int i = 0; i < in; ++i) {
+  memset(dW, 0, (size_t)in * (size_t)out * sizeof(float));
+  int i = 0;
+  for (; i + 4 <= in; i += 4) {
+    float* d0 = dW + (size_t)i * out;
+    float *d1 = d0 + out, *d2 = d1 + out, *d3 = d2 + out;
+    for (int r = 0; r < B; ++r) {
+      const float* xr = x + (size_t)r * in + i;
+      const float x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+      if (x0 == 0.0f && x1 == 0.0f && x2 == 0.0f && x3 == 0.0f) continue; /* ReLU outputs are often zero */
+      const float* dyr = dy + (size_t)r * out;
+      for (int o = 0; o < out; ++o) {
+        d0[o] += x0 * dyr[o];
+        d1[o] += x1 * dyr[o];
+        d2[o] += x2 * dyr[o];
+        d3[o] += x3 * dyr[o];
+      }
+    }
+  }
+  for (; i < in; ++i) {
     float* dwi = dW + (size_t)i * out;
-    memset(dwi, 0, (size_t)out * sizeof(float));
     for (int r = 0; r < B; ++r) {
       const float xi = x[(size_t)r * in + i];
-      if (xi == 0.0f) continue; /* ReLU outputs are often exactly zero */
       const float* dyr = dy + (size_t)r * out;
       for (int o = 0; o < out; ++o) dwi[o] += xi * dyr[o];
     }
   }
 }
 
-/* dx[B][in] = dy W^T, then masked by the ReLU that produced x. Row by row of W, as the forward. */
+/* dx[B][in] = dy W^T, then masked by the ReLU that produced x. */
 static void linear_backward_input(const float* restrict dy, const float* restrict W, const float* restrict x,
                                   float* restrict dx, int B, int in, int out) {
-  for (int i = 0; i < in; ++i) {
+  int i = 0;
+  for (; i + 4 <= in; i += 4) {
+    const float* w0 = W + (size_t)i * out;
+    const float *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
+    for (int r = 0; r < B; ++r) {
+      const float* dyr = dy + (size_t)r * out;
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+      for (int o = 0; o < out; ++o) {
+        a0 += dyr[o] * w0[o];
+        a1 += dyr[o] * w1[o];
+        a2 += dyr[o] * w2[o];
+        a3 += dyr[o] * w3[o];
+      }
+      const float* xr = x + (size_t)r * in + i;
+      float* dxr = dx + (size_t)r * in + i;
+      dxr[0] = xr[0] > 0.0f ? a0 : 0.0f;
+      dxr[1] = xr[1] > 0.0f ? a1 : 0.0f;
+      dxr[2] = xr[2] > 0.0f ? a2 : 0.0f;
+      dxr[3] = xr[3] > 0.0f ? a3 : 0.0f;
+    }
+  }
+  for (; i < in; ++i) {
     const float* wi = W + (size_t)i * out;
     for (int r = 0; r < B; ++r) {
-      if (x[(size_t)r * in + i] <= 0.0f) {
-        dx[(size_t)r * in + i] = 0.0f;
-        continue;
-      }
       const float* dyr = dy + (size_t)r * out;
       float acc = 0.0f;
       for (int o = 0; o < out; ++o) acc += dyr[o] * wi[o];
-      dx[(size_t)r * in + i] = acc;
+      dx[(size_t)r * in + i] = x[(size_t)r * in + i] > 0.0f ? acc : 0.0f;
     }
   }
 }
