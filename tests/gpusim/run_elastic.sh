@@ -16,7 +16,7 @@ export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 KILL_BOUND_MS=${KILL_BOUND_MS:-3000} STALL_BOUND_MS=${STALL_BOUND_MS:-9000} KILL2_BOUND_MS=${KILL2_BOUND_MS:-14000}
 pass=0 fail=0 skip=0
 # mode  ranks  layout  streams (SCENARIOS="kill2 4 0 2" ... replaces the list: kill2, a second death
-# inside the recovery, is not in it: its survivors can end on different memberships, docs/api.md)
+# inside the recovery, is not in it: one sweep run in about 50 took 60 s, past its bound; docs/api.md)
 default=("kill 3 1 2" "kill 3 0 1" "kill 4 1 1" "kill0 3 0 2" "kill0 4 1 1" "stall 3 1 1" "join 3 0 1" "join 4 1 2")
 if [ -n "${SCENARIOS:-}" ]; then IFS=',' read -r -a scenarios <<<"$SCENARIOS"; else scenarios=("${default[@]}"); fi
 for line in "${scenarios[@]}"; do
