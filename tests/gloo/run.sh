@@ -98,6 +98,13 @@ out=$("$root/tools/ddp_launch" -n 2 --nnodes 2 --node-rank 1 --master-addr 127.0
 want=$(printf 'env 2 0 4 2 1 127.0.0.1 29999\nenv 3 1 4 2 1 127.0.0.1 29999')
 ok=0; [ "$out" = "$want" ] && ok=1
 check "ddp_launch: node 1 of 2 runs ranks 2 and 3 with torchrun's variables" $ok "got '$out'"
+# Its own ports lie below the kernel's range for outgoing connections (no connection takes them, and
+# no rank reaches its own port while the store is not listening yet), both free.
+low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+ports=$(for _ in 1 2 3 4 5; do env -u MASTER_PORT "$root/tools/ddp_launch" -n 1 bash -c 'echo "$MASTER_PORT"'; done)
+ok=1; for p in $ports; do [ "$p" -ge 10000 ] && [ $((p + 1)) -lt "$low" ] || ok=0; done
+[ "$(wc -w <<<"$ports")" -eq 5 ] || ok=0
+check "ddp_launch: its MASTER_PORT and the store's port lie below ip_local_port_range ($low)" $ok "got '$(echo $ports)'"
 for bad in "-n 0 true|need -n >= 1" "-n x true|nproc 'x' is not a number" "--nnodes 2 --node-rank 2 --master-port 1 true|--node-rank < --nnodes" \
            "|no program given" "--frobnicate true|unknown option '--frobnicate'"; do
   args_=${bad%%|*}; msg=${bad#*|}

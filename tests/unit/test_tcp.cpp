@@ -1,9 +1,13 @@
 // The sockets under the rendezvous store (host/tcp.hpp): a client that retries a port nobody listens
-// on yet never ends up connected to itself, and the listener that comes later gets the port.
+// on yet never ends up connected to itself, and the listener that comes later gets the port; a
+// listener outlasts a port taken for a moment and refuses, by name, one that stays taken.
 #include <doctest.h>
 
 #include <chrono>
 #include <string>
+#include <thread>
+
+#include "core/common.hpp"
 
 #include "host/tcp.hpp"
 #include "../support/ports.hpp"
@@ -29,15 +33,14 @@ TEST_CASE("tcp: a client retrying a port nobody listens on never connects to its
   const int port = connectable_free_port();
   REQUIRE(port > 0);
   // Without the guard, a loopback client meets its own port within one sweep of the even ephemeral
-  // ports (here 3,000 to 24,000 attempts): 100,000 attempts, or 10 s on a slow machine.
+  // ports (here 700 to 24,000 attempts): 100,000 attempts, or 10 s on a slow machine.
   const auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   int attempts = 0, connected = 0, not_refused = 0;
   for (; attempts < 100000 && std::chrono::steady_clock::now() < stop; ++attempts) {
     bool refused = false;
     tcp::Socket s = tcp::try_connect("127.0.0.1", port, Deadline::after_ms(1000), &refused);
-    if (s.valid()) ++connected;
     if (!refused) ++not_refused;
-    if (s.valid()) break;
+    if (s.valid() && ++connected) break;
   }
   INFO("port " << port << ", " << attempts << " attempts");
   CHECK(connected == 0);
@@ -49,4 +52,49 @@ TEST_CASE("tcp: a client retrying a port nobody listens on never connects to its
   tcp::Socket a = tcp::accept_within(listener, 5000);
   CHECK(c.valid());
   CHECK(a.valid());
+}
+
+TEST_CASE("tcp: listen_on waits out a port taken for a moment, and names a port that stays taken") {
+  using namespace ddp;
+  const int port = ddp_test::free_port();
+  REQUIRE(port > 0);
+  {
+    // Taken for 150 ms (as by a client that reached its own port and lets go): the listener gets it.
+    tcp::Socket other = tcp::listen_on(port, "the other listener");
+    std::thread release([&other] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      other.close();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    bool got = false;
+    try {
+      tcp::Socket mine = tcp::listen_on(port, "test listener");
+      got = tcp::bound_port(mine) == port;
+    } catch (const Error& e) {
+      INFO("error: " << e.what());
+      CHECK(false);
+    }
+    release.join();
+    CHECK(got);
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(100));
+  }
+  {
+    // Taken throughout: refused within about half a second, naming the port.
+    tcp::Socket other = tcp::listen_on(port, "the other listener");
+    const auto t0 = std::chrono::steady_clock::now();
+    ddp_status_t status = DDP_SUCCESS;
+    std::string message;
+    try {
+      tcp::listen_on(port, "test listener");
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(status == DDP_ERR_INVALID_ARGUMENT);
+    INFO("message: " << message);
+    CHECK(message.find("test listener: cannot listen on port " + std::to_string(port)) != std::string::npos);
+    CHECK(waited >= std::chrono::milliseconds(400));
+    CHECK(waited < std::chrono::seconds(3));
+  }
 }
