@@ -317,7 +317,7 @@ DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);
 DDP_API ddp_status_t ddp_comm_rank(ddp_comm_t comm, int* rank);
 DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
 /* Destroys a communicator. Contexts made over it hold their own duplicates and stay valid.
- * Accepts NULL. */
+ * Accepts NULL. A comm hook's bucket->comm is the context's: DDP_ERR_INVALID_ARGUMENT. */
 DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
 
 /* ------------------------------------------------------------------------------------------------
@@ -359,12 +359,15 @@ typedef struct ddp_config {
   int allreduce_always_fp32;
   /* apex gradient_average: after the sum, multiply by predivide/world. Default 1. */
   int gradient_average;
-  /* apex gradient_predivide_factor: multiply by 1/f before the sum. Default 1.0; must be > 0. */
+  /* apex gradient_predivide_factor: multiply by 1/f before the sum. Default 1.0; 2^-126 .. 2^126
+   * (1.2e-38 .. 8.5e37: f and 1/f both scale a float without overflow). */
   double gradient_predivide_factor;
   /* apex num_allreduce_streams: bucket i is reduced on stream/communicator i % num_streams. 1..64. */
   int num_streams;
   /* apex allreduce_communicators: NULL, or num_streams communicators to use for the buckets instead of
-   * duplicates of the context's communicator. Borrowed: they must outlive the context. */
+   * duplicates of the context's communicator. Borrowed: they must outlive the context. The same
+   * communicators in the same order on every rank: on host memory ddp_create checks it
+   * (DDP_ERR_MISMATCH naming the first that differs). */
   const ddp_comm_t* stream_comms;
   /* A collective that does not complete within this many milliseconds fails with DDP_ERR_TIMEOUT and
    * aborts the context; it also bounds ddp_create. Default 300000 (5 minutes); 0 waits forever.
@@ -587,7 +590,9 @@ DDP_API ddp_status_t ddp_reduce_all(ddp_t ddp, void* stream);
 /* Broadcasts `n` buffers from `root` to every rank (parameter sync at start-up, as apex does at
  * construction). buffers[i] holds counts[i] elements of dtypes[i], in the comm's memory kind. Uses its
  * own channel, so it may be called before or after registration closes. Blocks until done (host) or
- * until enqueued on `stream` (GPU). Collective. */
+ * until enqueued on `stream` (GPU). Every rank passes the same n, root, counts and dtypes: ranks that
+ * differ (or make another collective call) all get DDP_ERR_MISMATCH naming the first difference, and
+ * nothing is sent. Collective. */
 DDP_API ddp_status_t ddp_broadcast(ddp_t ddp, void* const* buffers, const size_t* counts, const ddp_dtype_t* dtypes,
                                    int n, int root, void* stream);
 
@@ -658,8 +663,11 @@ DDP_API ddp_status_t ddp_recover(ddp_t ddp, ddp_membership_t* membership, int* m
  * across the ranks, in place, with `op`: the loss, metrics, token counts. Every rank gets the same
  * bits (floats are summed in rank order, in the type's own precision; 16-bit types in fp32 math).
  * Over the context's control channel, whatever the comm (NCCL included); bounded by timeout_ms. For
- * small buffers (each rank's buffer travels to every rank): grads go through the buckets. Not
- * inside a backward pass. Collective. */
+ * small buffers (each rank's buffer travels to every rank): grads go through the buckets. Integers:
+ * an average is exact (summed in 128 bits, divided rounding toward zero); a sum that overflows the
+ * type wraps around (two's complement). `buf` aligned to its dtype. Ranks that pass a different
+ * count, dtype or op, or make another collective call, all get DDP_ERR_MISMATCH naming both calls.
+ * Not inside a backward pass. Collective. */
 DDP_API ddp_status_t ddp_allreduce_host(ddp_t ddp, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op);
 
 /* Returns when every rank has called it (bounded by timeout_ms). Not inside a backward pass.
@@ -718,7 +726,10 @@ DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* u
  * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by
  * the world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit types in fp32
  * math, rounding after each addition. Bounded by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS
- * (default 300000 ms) outside. Collective. */
+ * (default 300000 ms) outside. `buf` aligned to its dtype. On host comms every rank passes the same
+ * count, dtype and op, or all get DDP_ERR_MISMATCH naming each side (one small exchange first, where
+ * the comm does not compare them itself as a local group does); NCCL comms do not compare them (the
+ * data stays on the stream): a difference there is a bucket that times out. Collective. */
 DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op,
                                         void* stream);
 

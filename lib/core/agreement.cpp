@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "core/host_reduce.hpp"
 #include "core/knobs.hpp"
 
 namespace ddp {
@@ -18,11 +19,13 @@ struct ConfigSummary {
 };
 
 struct RegSummary {
-  uint64_t hash;
-  int64_t num_grads;
+  int32_t kind;  // kRegistration (a call record's size and first field)
   int32_t hook;  // 1: a comm hook is set (every rank sets one, or none)
-  int32_t pad;
+  int64_t num_grads;
+  uint64_t hash;
+  unsigned char pad[kCallRecordBytes - 24];
 };
+static_assert(sizeof(RegSummary) == kCallRecordBytes, "the registration check travels as a call record");
 
 struct RegEntry {
   uint64_t numel;
@@ -116,6 +119,40 @@ void check_wire_knobs(const std::vector<ConfigSummary>& all) {
 
 }  // namespace
 
+std::string describe_call(const void* record) {
+  CallRecord r;
+  std::memcpy(&r, record, sizeof r);
+  switch (r.kind) {
+    case kVote:
+      return !r.flag     ? "ddp_join"
+             : r.op == 1 ? "a synced iteration of ddp_reduce_all"
+                         : "a synced iteration (ddp_begin_backward)";
+    case kHostAllreduce:
+      return format("ddp_allreduce_host(%llu elements of %s, %s)", static_cast<unsigned long long>(r.count),
+                    host_dtype_name(r.dtype), op_name(r.op));
+    case kBarrier: return "ddp_barrier";
+    case kBroadcast: return format("ddp_broadcast(%d buffer%s from root %d)", r.dtype, r.dtype == 1 ? "" : "s", r.op);
+    case kShardNorm: return "ddp_shard_norm";
+    case kRegistration: return "the registration check (ddp_commit, or the first backward pass or ddp_reduce_all)";
+    case kIterationEnd: return "the end of a synced iteration (ddp_finish_backward or ddp_reduce_all)";
+  }
+  return format("an unknown call (%d)", r.kind);
+}
+
+void check_same_call_kind(const void* all, int world, int me) {
+  const unsigned char* bytes = static_cast<const unsigned char*>(all);
+  const void* mine = bytes + static_cast<size_t>(me) * kCallRecordBytes;
+  int32_t my_kind = 0, kind = 0;
+  std::memcpy(&my_kind, mine, sizeof my_kind);
+  for (int r = 0; r < world; ++r) {
+    const void* theirs = bytes + static_cast<size_t>(r) * kCallRecordBytes;
+    std::memcpy(&kind, theirs, sizeof kind);
+    if (kind != my_kind)
+      fail(DDP_ERR_MISMATCH, "the ranks called different collectives: rank %d %s, rank %d %s", me,
+           describe_call(mine).c_str(), r, describe_call(theirs).c_str());
+  }
+}
+
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl) {
   ConfigSummary me;
   std::memset(&me, 0, sizeof me);
@@ -155,9 +192,15 @@ JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradS
 }
 
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl) {
-  const RegSummary me{registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0, 0};
+  RegSummary me;
+  std::memset(&me, 0, sizeof me);
+  me.kind = kRegistration;
+  me.hook = hook ? 1 : 0;
+  me.num_grads = static_cast<int64_t>(specs.size());
+  me.hash = registration_hash(specs);
   std::vector<RegSummary> all(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all.data(), sizeof me, dl);
+  check_same_call_kind(all.data(), ctrl.size(), ctrl.rank());
   bool same = true, same_hook = true;
   for (const RegSummary& s : all) {
     same = same && s.hash == all[0].hash && s.num_grads == all[0].num_grads;
@@ -242,11 +285,17 @@ int64_t UnusedReport::joins() const {
 
 std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync,
                                    const StepTimes& mine, int64_t joins) {
-  Info me{
-      static_cast<int32_t>(unused.size()), {-1, -1, -1, -1, -1, -1}, compare_sync ? local_passes_ : -1, mine, joins};
+  Info me{kIterationEnd,
+          static_cast<int32_t>(unused.size()),
+          {-1, -1, -1, -1, -1, -1},
+          compare_sync ? local_passes_ : -1,
+          0,
+          mine,
+          joins};
   for (size_t i = 0; i < unused.size() && i < 6; ++i) me.first[i] = unused[i];
   all_.resize(static_cast<size_t>(ctrl.size()));
   ctrl.allgather_host(&me, all_.data(), sizeof me, dl);
+  check_same_call_kind(all_.data(), ctrl.size(), ctrl.rank());
   passes_.resize(all_.size());
   for (size_t r = 0; r < all_.size(); ++r) passes_[r] = all_[r].local_passes;
   check_sync_agreement(passes_);

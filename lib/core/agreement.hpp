@@ -17,6 +17,34 @@
 
 namespace ddp {
 
+// What a rank is doing on the control path. Each exchange there that a rank's own order of calls
+// reaches (ddp_barrier, ddp_allreduce_host, ddp_broadcast, ddp_shard_norm, uneven inputs' vote, the
+// registration check, the end of a synced iteration) sends a record of this size that begins with its
+// kind: ranks in different calls then meet in an exchange of equal sizes and name each other's call
+// (DDP_ERR_MISMATCH), where records of different sizes would be a transport's error, or its abort.
+enum CallKind : int32_t {
+  kVote = 1,
+  kHostAllreduce = 2,
+  kBarrier = 3,
+  kBroadcast = 4,
+  kShardNorm = 5,
+  kRegistration = 6,
+  kIterationEnd = 7,
+};
+constexpr size_t kCallRecordBytes = 72;
+struct CallRecord {
+  int32_t kind = 0, dtype = 0, op = 0, flag = 0;  // what they mean depends on the kind (describe_call)
+  uint64_t count = 0;
+  unsigned char unused[kCallRecordBytes - 24] = {};
+};
+static_assert(sizeof(CallRecord) == kCallRecordBytes, "every call record has one size");
+
+// "ddp_barrier", "ddp_allreduce_host(4 elements of f32, sum)", ... from any record's bytes.
+std::string describe_call(const void* record);
+// Fails with DDP_ERR_MISMATCH, naming both calls, when a rank's record in `all` (world records of
+// kCallRecordBytes) is of another kind than rank `me`'s. Every rank sees every record, so all fail.
+void check_same_call_kind(const void* all, int world, int me);
+
 // Every rank has the same agreed config fields and the same memory kind.
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl);
 
@@ -80,12 +108,15 @@ class UnusedReport {
 
  private:
   struct Info {
+    int32_t kind;  // kIterationEnd (a call record's size and first field)
     int32_t count;
     int32_t first[6];
     int32_t local_passes;  // -1: not compared
+    int32_t pad;
     StepTimes times;
     int64_t joins;
   };
+  static_assert(sizeof(Info) == kCallRecordBytes, "the end of an iteration travels as a call record");
   std::vector<Info> all_;
   std::vector<int32_t> passes_;
   int32_t local_passes_ = 0;

@@ -2,6 +2,7 @@
 // resolved into the objects behind them. No exception crosses this file: each entry point runs its
 // body inside guard(__func__, ...), which turns any exception into a status and a message that starts
 // with the entry point's name.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -9,6 +10,7 @@
 
 #include "ddp.h"
 #include "core/handles.hpp"
+#include "core/host_reduce.hpp"
 #include "core/knobs.hpp"
 #include "core/comms.hpp"
 #include "core/log.hpp"
@@ -95,12 +97,9 @@ ddp_comm_t wrap(std::unique_ptr<Comm> c) {
   return h;
 }
 
-}  // namespace
-
-extern "C" {
-
-const char* ddp_status_string(ddp_status_t status) {
-  switch (enum_value(status)) {
+// A status's text from its int (what a hook returns may be any int).
+const char* status_name(int status) {
+  switch (status) {
 #define DDP_STATUS_CASE_(name, value, text) \
   case name: return text;
     DDP_STATUS_MAP(DDP_STATUS_CASE_)
@@ -108,6 +107,12 @@ const char* ddp_status_string(ddp_status_t status) {
     default: return "unknown status";
   }
 }
+
+}  // namespace
+
+extern "C" {
+
+const char* ddp_status_string(ddp_status_t status) { return status_name(enum_value(status)); }
 
 const char* ddp_last_error(void) { return t_last_error.c_str(); }
 
@@ -304,7 +309,12 @@ ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
 }
 
 ddp_status_t ddp_comm_destroy(ddp_comm_t c) {
-  return guard(__func__, [&] { delete c; });
+  return guard(__func__, [&] {
+    if (c && c->borrowed)
+      fail(DDP_ERR_INVALID_ARGUMENT,
+           "a comm hook's bucket->comm belongs to its context: it is valid during the hook and is never destroyed");
+    delete c;
+  });
 }
 
 /* ---- config and context ---- */
@@ -434,6 +444,41 @@ class CallingThread final : public Stream {
   void cancel() override {}
 };
 
+// A buffer of `count` elements of `d` that the element loops can walk: aligned to its element, and
+// not larger than the address space.
+void check_buffer(const void* buf, size_t count, Dtype d) {
+  const size_t es = dtype_size(d);
+  if (count > static_cast<size_t>(PTRDIFF_MAX) / es)
+    fail(DDP_ERR_INVALID_ARGUMENT, "%zu elements of %s are more bytes than an address space holds", count,
+         dtype_name(d));
+  if (reinterpret_cast<uintptr_t>(buf) % es != 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "buf at %p is not aligned to its dtype: %s needs %zu-byte alignment", buf,
+         dtype_name(d), es);
+}
+
+// ddp_comm_allreduce's arguments, the same on every rank of a host comm that does not compare them
+// itself: a transport handed different sizes reads past a buffer, truncates or aborts the process.
+// Device comms are not compared (their data stays on the stream): a difference there is a hang that
+// the timeout ends.
+void agree_comm_allreduce(Comm& k, size_t count, int dtype, int op, Deadline dl) {
+  if (k.memory() != Memory::Host || k.checks_shapes() || k.size() == 1) return;
+  struct Args {
+    uint64_t count;
+    int32_t dtype, op;
+  };
+  const Args mine{count, dtype, op};
+  std::vector<Args> all(static_cast<size_t>(k.size()));
+  k.allgather_host(&mine, all.data(), sizeof mine, dl);
+  for (int r = 0; r < k.size(); ++r) {
+    const Args& o = all[static_cast<size_t>(r)];
+    if (o.count != mine.count || o.dtype != mine.dtype || o.op != mine.op)
+      fail(DDP_ERR_MISMATCH,
+           "the ranks passed different arguments: rank %d %llu elements of %s (%s), rank %d %llu elements of %s (%s)",
+           k.rank(), static_cast<unsigned long long>(mine.count), host_dtype_name(mine.dtype), op_name(mine.op), r,
+           static_cast<unsigned long long>(o.count), host_dtype_name(o.dtype), op_name(o.op));
+  }
+}
+
 }  // namespace
 
 ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) {
@@ -467,13 +512,15 @@ ddp_status_t ddp_set_comm_hook(ddp_t d, ddp_comm_hook_fn hook, void* user_data) 
       // function and its argument copied here), so nothing read races with the context's destruction.
       const ddp_comm_hook_fn fn = hook;
       void* const arg = user_data;
-      ddp_status_t st = DDP_SUCCESS;
-      h.stream->run_blocking([&] { st = fn(&b, arg); });
+      // The status as an int, never stored as the enum: a hook may return any int (-1 for a failure),
+      // and an enum object holding a value outside its enumerators is undefined behaviour in C++.
+      int st = DDP_SUCCESS;
+      h.stream->run_blocking([&] { st = static_cast<int>(fn(&b, arg)); });
       t_hook = outer;
       t_hook_ctx = outer_ctx;
       if (st != DDP_SUCCESS)
         fail(st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_ABORTED, "comm hook returned %d (%s) for bucket %d: %s",
-             static_cast<int>(st), ddp_status_string(st), h.bucket,
+             st, status_name(st), h.bucket,
              t_last_error.empty() ? "(the hook set no libddp error)" : t_last_error.c_str());
     });
   });
@@ -488,6 +535,7 @@ ddp_status_t ddp_comm_allreduce(ddp_comm_t c, void* buf, size_t count, ddp_dtype
       fail(DDP_ERR_INVALID_ARGUMENT, "op %d: ddp_comm_allreduce sums (DDP_OP_SUM) or averages (DDP_OP_AVG)", o);
     if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
     const Dtype d = static_cast<Dtype>(dt);
+    check_buffer(buf, count, d);
     if (k.memory() == Memory::Device && !k.supports_wire(d))
       fail(DDP_ERR_UNSUPPORTED, "this communicator cannot sum %s", dtype_name(d));
     Reduction red;
@@ -499,16 +547,18 @@ ddp_status_t ddp_comm_allreduce(ddp_comm_t c, void* buf, size_t count, ddp_dtype
       else
         fail(DDP_ERR_UNSUPPORTED, "this communicator cannot average: sum, then scale");
     }
-    if (count == 0) return;
     const bool in_hook = t_hook && t_hook->comm == &k;
-    if (in_hook) return k.allreduce(buf, buf, count, d, red, *t_hook->stream, t_hook->deadline);
-    if (k.memory() == Memory::Device)
+    if (!in_hook && k.memory() == Memory::Device)
       fail(DDP_ERR_UNSUPPORTED,
            "device memory outside a comm hook: reduce on your own stream with NCCL, or host "
            "values with ddp_allreduce_host");
+    const Deadline dl = in_hook ? t_hook->deadline : Deadline::after_ms(default_init_timeout_ms());
+    agree_comm_allreduce(k, count, dt, o, dl);
+    if (count == 0) return;
+    if (in_hook) return k.allreduce(buf, buf, count, d, red, *t_hook->stream, dl);
     (void)stream;
     CallingThread s;
-    k.allreduce(buf, buf, count, d, red, s, Deadline::after_ms(default_init_timeout_ms()));
+    k.allreduce(buf, buf, count, d, red, s, dl);
   });
 }
 
@@ -574,8 +624,8 @@ ddp_status_t ddp_wait_grad(ddp_t d, int index, void* stream, int* reduced) {
   return guard(__func__, [&] {
     Context& c = ctx(d);
     need(reduced, "reduced");
-    *reduced = 0;
-    *reduced = c.wait_grad(index, stream) ? 1 : 0;
+    const bool done = c.wait_grad(index, stream);
+    *reduced = done ? 1 : 0;  // written on success only, as every out-parameter
   });
 }
 

@@ -282,6 +282,10 @@ class Comm {
   // The device that owns this communicator's memory kind.
   virtual std::unique_ptr<Device> make_device() = 0;
 
+  // Whether the comm itself fails every rank, with DDP_ERR_MISMATCH, when the ranks pass different
+  // sizes or types to one collective (the local group compares them); otherwise callers that cannot
+  // vouch for their ranks' arguments (ddp_comm_allreduce) compare them first.
+  virtual bool checks_shapes() const { return false; }
   // Whether `d` can be summed natively on the wire, and whether `op` can be fused.
   virtual bool supports_wire(Dtype d) const = 0;
   virtual bool supports(RedOp op) const = 0;

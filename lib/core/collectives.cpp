@@ -9,39 +9,19 @@
 
 namespace ddp {
 
-namespace {
-
-std::string describe(int32_t kind, int32_t dtype, int32_t op, int32_t flag, uint64_t count) {
-  switch (kind) {
-    case 1:
-      return !flag     ? "ddp_join"
-             : op == 1 ? "a synced iteration of ddp_reduce_all"
-                       : "a synced iteration (ddp_begin_backward)";
-    case 2:
-      return format("ddp_allreduce_host(%llu elements of %s, %s)", static_cast<unsigned long long>(count),
-                    host_dtype_name(dtype), op_name(op));
-    case 3: return "ddp_barrier";
-  }
-  return format("an unknown call (%d)", kind);
-}
-
-}  // namespace
-
-std::vector<Context::CallRecord> Context::exchange_call(const CallRecord& mine) {
+std::vector<CallRecord> Context::exchange_call(const CallRecord& mine, bool compare_count) {
   std::vector<CallRecord> all(static_cast<size_t>(world_));
-  static_assert(sizeof(CallRecord) == 24, "a call record travels as 24 bytes");
   progress_.calls.fetch_add(1, std::memory_order_relaxed);  // the stall inspector: who never got here
   ctrl_->allgather_host(&mine, all.data(), sizeof(CallRecord), deadline());
   for (int r = 0; r < world_; ++r) {
     const CallRecord& o = all[static_cast<size_t>(r)];
     // Joined and contributing ranks agree; contributing ranks must run the same kind of iteration.
     const bool votes = o.kind == kVote && mine.kind == kVote && (!o.flag || !mine.flag || o.op == mine.op);
-    if (votes || (o.kind == mine.kind && o.dtype == mine.dtype && o.op == mine.op && o.count == mine.count &&
-                  o.flag == mine.flag))
+    if (votes || (o.kind == mine.kind && o.dtype == mine.dtype && o.op == mine.op &&
+                  (o.count == mine.count || !compare_count) && o.flag == mine.flag))
       continue;
     fail(DDP_ERR_MISMATCH, "the ranks called different collectives: rank %d %s, rank %d %s", rank_,
-         describe(mine.kind, mine.dtype, mine.op, mine.flag, mine.count).c_str(), r,
-         describe(o.kind, o.dtype, o.op, o.flag, o.count).c_str());
+         describe_call(&mine).c_str(), r, describe_call(&o).c_str());
   }
   return all;
 }
@@ -120,6 +100,9 @@ void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
     fail(DDP_ERR_INVALID_ARGUMENT, "op %d is not a ddp_op_t (DDP_OP_SUM, _AVG, _MAX or _MIN)", op);
   if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
   const size_t es = host_dtype_size(dtype);
+  if (reinterpret_cast<uintptr_t>(buf) % es != 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "buf at %p is not aligned to its dtype: %s needs %zu-byte alignment", buf,
+         host_dtype_name(dtype), es);
   if (count > (size_t(1) << 31) / es / static_cast<size_t>(world_))
     fail(DDP_ERR_INVALID_ARGUMENT,
          "%zu elements of %s is too large for the control path (every rank's buffer "
@@ -138,6 +121,58 @@ void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
     ctrl_->allgather_host(buf, all.data(), count * es, deadline());
     reduce_in_rank_order(all.data(), world_, count, dtype, op, buf);
   });
+}
+
+namespace {
+
+// FNV-1a over the (count, dtype) of every buffer of a ddp_broadcast.
+uint64_t broadcast_digest(const size_t* counts, const ddp_dtype_t* dtypes, int n) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    mix(counts[i]);
+    mix(static_cast<uint64_t>(enum_value(dtypes[i])));
+  }
+  return h;
+}
+
+}  // namespace
+
+void Context::agree_broadcast(const size_t* counts, const ddp_dtype_t* dtypes, int n, int root) {
+  CallRecord mine;
+  mine.kind = kBroadcast;
+  mine.dtype = n;
+  mine.op = root;
+  mine.count = broadcast_digest(counts, dtypes, n);
+  const std::vector<CallRecord> all = exchange_call(mine, false);
+  bool same = true;
+  for (const CallRecord& r : all) same = same && r.count == mine.count;
+  if (same) return;
+  // Every rank saw the same records, so all take this second round and name the same buffer.
+  struct Buffer {
+    uint64_t count;
+    int64_t dtype;
+  };
+  std::vector<Buffer> layout(static_cast<size_t>(n)), every(static_cast<size_t>(n) * static_cast<size_t>(world_));
+  for (int i = 0; i < n; ++i) layout[static_cast<size_t>(i)] = Buffer{counts[i], enum_value(dtypes[i])};
+  ctrl_->allgather_host(layout.data(), every.data(), layout.size() * sizeof(Buffer), deadline());
+  for (size_t i = 0; i < layout.size(); ++i)
+    for (int r = 1; r < world_; ++r) {
+      const Buffer& a = every[i];
+      const Buffer& b = every[static_cast<size_t>(r) * layout.size() + i];
+      if (a.count != b.count || a.dtype != b.dtype)
+        fail(DDP_ERR_MISMATCH,
+             "the ranks passed different buffers to ddp_broadcast: buffer %zu is %llu elements of %s on rank 0 but "
+             "%llu elements of %s on rank %d",
+             i, static_cast<unsigned long long>(a.count), dtype_name(static_cast<Dtype>(a.dtype)),
+             static_cast<unsigned long long>(b.count), dtype_name(static_cast<Dtype>(b.dtype)), r);
+    }
+  fail(DDP_ERR_MISMATCH, "the ranks passed different buffers to ddp_broadcast (their signatures differ)");
 }
 
 void Context::barrier() {

@@ -23,7 +23,7 @@ enum class Kind {
   Choice,      // int in [lo, hi] (an enum)
   Int,         // int in [lo, hi]
   Millis,      // int64_t in [lo, hi]
-  Factor,      // double, finite and > 0
+  Factor,      // double, finite, within lo..hi
   Handles,     // const ddp_comm_t*: checked and resolved by the C shell
   Text,        // const char*: copied
 };
@@ -108,7 +108,7 @@ void check_field(const Field& f, const ddp_config_t& c) {
     case Kind::Int:
     case Kind::Millis: ok = v >= f.lo && v <= f.hi; break;
     case Kind::PieceBytes: ok = v == 0.0 || (v >= f.lo && v <= f.hi); break;
-    case Kind::Factor: ok = std::isfinite(v) && v > 0.0; break;
+    case Kind::Factor: ok = std::isfinite(v) && v >= f.lo && v <= f.hi; break;
     case Kind::Flag:
     case Kind::Handles:
     case Kind::Text: break;

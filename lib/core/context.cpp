@@ -3,6 +3,8 @@
 // The context's life cycle, registration, and the collectives outside a backward pass. The backward
 // pass itself is in iteration.cpp, the read-only queries in stats.cpp, the stall inspector in inspector.cpp.
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <cstring>
 
 namespace ddp {
@@ -37,6 +39,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
          "shrink a communicator (it would need ULFM), nor an NCCL communicator made over MPI or borrowed");
   device_ = comm.make_device();
   attach(comm);
+  check_stream_comms();
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
       comm.memory() == Memory::Device) {
     const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
@@ -72,6 +75,39 @@ void Context::attach(Comm& comm) {
     streams_[static_cast<size_t>(i)]->set_stall_warning(stall_ms_, [this, i] { stall_warning(i); });
   if (cfg_.c.elastic)
     for (auto& s : streams_) s->set_peer_watch(kPeerWatchMs, [this] { watch_peers(); });
+}
+
+// config.stream_comms are the same communicators in the same order on every rank: each carries its
+// index, all at once (a thread each), so that communicators given in different orders meet each other
+// (and name the difference) rather than wait for each other. Host memory only: device collectives
+// issued in different orders on different threads can deadlock in NCCL; there a difference is a
+// bucket that times out.
+void Context::check_stream_comms() {
+  if (cfg_.stream_comms.empty() || world_ == 1 || comms_[0]->memory() != Memory::Host) return;
+  const size_t n = comms_.size(), world = static_cast<size_t>(world_);
+  std::vector<int32_t> seen(n * world, -1);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  const Deadline dl = deadline();
+  for (size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        const int32_t mine = static_cast<int32_t>(i);
+        comms_[i]->allgather_host(&mine, &seen[i * world], sizeof mine, dl);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i)
+    for (size_t r = 0; r < world; ++r)
+      if (!errors[i] && seen[i * world + r] != static_cast<int32_t>(i))
+        fail(DDP_ERR_MISMATCH,
+             "config.stream_comms differ between ranks: stream_comms[%zu] of rank %d is stream_comms[%d] of rank %zu; "
+             "give every rank the same communicators in the same order",
+             i, rank_, seen[i * world + r], r);
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 Context::~Context() {
@@ -273,6 +309,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
   }
   CallScope scope(this, Call::Broadcast);
   fatal_on_error([&] {
+    agree_broadcast(counts, dtypes, n, root);
     for (int i = 0; i < n; ++i)
       if (counts[i])
         bcast_->broadcast(buffers[i], counts[i] * dtype_size(static_cast<Dtype>(dtypes[i])), root, stream, deadline());

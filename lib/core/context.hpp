@@ -72,6 +72,7 @@ class Context {
   // The communicators, streams and prober over `comm` (ctrl_ made already): at creation and after a
   // recovery.
   void attach(Comm& comm);
+  void check_stream_comms();
   // The reducer over the committed registrations, with `plan`.
   void make_reducer(Plan plan);
   // Elastic: the plan the survivors go on with (the new rank 0's).
@@ -141,14 +142,13 @@ class Context {
   const Plan& committed_plan();
   void abort(const Error& e);
   void check_sharded() const;
-  // What a rank is doing on the control path, sent before the call's data: ranks that called
-  // different things fail with DDP_ERR_MISMATCH instead of mixing their bytes.
-  struct CallRecord {
-    int32_t kind = 0, dtype = 0, op = 0, flag = 0;
-    uint64_t count = 0;
-  };
-  enum : int32_t { kVote = 1, kHostAllreduce = 2, kBarrier = 3 };
-  std::vector<CallRecord> exchange_call(const CallRecord& mine);
+  // What a rank is doing on the control path (a CallRecord), sent before the call's data: ranks
+  // that called different things fail with DDP_ERR_MISMATCH instead of mixing their bytes.
+  // `compare_count` false: the records' counts may differ (the caller compares them itself).
+  std::vector<CallRecord> exchange_call(const CallRecord& mine, bool compare_count = true);
+  // ddp_broadcast's arguments are the same on every rank (n, root, and each buffer's count and dtype),
+  // or every rank fails with DDP_ERR_MISMATCH naming the first buffer that differs.
+  void agree_broadcast(const size_t* counts, const ddp_dtype_t* dtypes, int n, int root);
   // Uneven inputs: says whether this rank contributes to the synced iteration that starts (and which
   // kind: a backward pass or ddp_reduce_all; a joined rank says kShadow), and returns how many ranks
   // contribute (the averages' divisor follows) and, in *kind, what they are running.
@@ -230,7 +230,7 @@ void Context::fatal_on_error(F&& fn) {
       throw;  // the call was refused (the context is intact), or the loss is handled already
     // A peer that died, was cut off or stalled (a failed exchange): an elastic context goes on.
     if (peer_failure(st)) throw lose(e);
-    if (st == DDP_ERR_TIMEOUT) {
+    if (st == DDP_ERR_TIMEOUT && !aborted_) {  // aborted: an inner handler told the picture already
       Error told(st, e.what() + picture(500));
       abort(told);
       throw told;

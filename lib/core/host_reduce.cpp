@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/elementwise.h"
 
@@ -59,21 +61,31 @@ void reduce_float(const void* all, int world, size_t count, int op, void* out) {
   }
 }
 
+// Integers: sums in 128 bits, so an average is exact whatever the ranks' values (it always fits the
+// type), and a sum that overflows the type wraps around (two's complement), as documented.
+__extension__ typedef __int128 Wide;
+__extension__ typedef unsigned __int128 UWide;
+
 template <class I>
 void reduce_int(const void* all, int world, size_t count, int op, void* out) {
   const I* in = static_cast<const I*>(all);
   I* o = static_cast<I*>(out);
   for (size_t i = 0; i < count; ++i) {
-    int64_t acc = in[i];
+    Wide acc = in[i];
     for (int r = 1; r < world; ++r) {
-      const int64_t v = in[static_cast<size_t>(r) * count + i];
+      const Wide v = in[static_cast<size_t>(r) * count + i];
       if (op == DDP_OP_SUM || op == DDP_OP_AVG)
-        acc = static_cast<int64_t>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(v));  // wraps, never UB
+        acc += v;  // at most 2^31 ranks of 64-bit values: never overflows 128 bits
       else
         acc = op == DDP_OP_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
     }
-    if (op == DDP_OP_AVG) acc /= world;
-    o[i] = static_cast<I>(acc);
+    if (op == DDP_OP_AVG) acc /= world;  // rounds toward zero
+    // The low bits as the type: modular, never undefined (unsigned conversion, then two's complement).
+    typedef typename std::make_unsigned<I>::type U;
+    const U bits = static_cast<U>(static_cast<UWide>(acc));
+    I value;
+    std::memcpy(&value, &bits, sizeof value);
+    o[i] = value;
   }
 }
 

@@ -146,6 +146,9 @@ void Context::shard_norm(void* stream, double* norm, uint64_t* nonfinite) {
   fatal_on_error([&] {
     commit_locked();
     reducer_->shards().norm_terms(stream, mine);
+    CallRecord call;
+    call.kind = kShardNorm;
+    exchange_call(call);
     ctrl_->allgather_host(mine, all.data(), sizeof mine, deadline());
   });
   double sq = 0.0, bad = 0.0;

@@ -179,19 +179,23 @@ void test_host_collectives(uint64_t seed) {
          "status " + std::string(ddp_status_string(st)) + ", " + std::to_string(ms) + " ms");
 }
 
+// A fresh context over g_comm (30 s timeout) for one disagreement, or nullptr (recorded as `what`).
+ddp_t mismatch_context(const char* what) {
+  ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 30000;
+  ddp_t d = nullptr;
+  if (ddp_create(g_comm, &cfg, &d) != DDP_SUCCESS) record(what, false, ddp_last_error());
+  return d;
+}
+
 // Ranks that call different things fail together: sizes that differ, and a barrier against an
 // allreduce. (Last: the context is aborted afterwards.)
 void test_host_mismatch() {
   if (g_world < 2) return;
   for (int kind = 0; kind < 2; ++kind) {
-    ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
-    cfg.timeout_ms = 30000;
-    ddp_t d = nullptr;
     std::string why;
-    if (ddp_create(g_comm, &cfg, &d) != DDP_SUCCESS) {
-      record("host mismatch: ddp_create", false, ddp_last_error());
-      continue;
-    }
+    ddp_t d = mismatch_context("host mismatch: ddp_create");
+    if (!d) continue;
     const Closer closer{d};
     double buf[4] = {1, 2, 3, 4};
     const bool last = g_rank == g_world - 1;
@@ -206,6 +210,39 @@ void test_host_mismatch() {
     if (ok) why.clear();
     record(std::string("host mismatch: ") + (kind == 0 ? "counts differ" : "a barrier against an allreduce"), ok,
            why.empty() ? (ok ? "" : ddp_last_error()) : why);
+  }
+}
+
+// ddp_broadcast and ddp_comm_allreduce with arguments that differ between ranks: DDP_ERR_MISMATCH on
+// every rank, where MPI would truncate the message and end the job (Open MPI reports a nonblocking
+// collective's error through MPI_COMM_WORLD's handler, fatal by default) and Gloo would abort.
+void test_argument_mismatch() {
+  if (g_world < 2) return;
+  const bool last = g_rank == g_world - 1;
+  // Broadcasts are compared before any data moves (NCCL too); allreduces outside a hook on host comms.
+  for (int kind = 0; kind < (DDP_TEST_NCCL ? 2 : 3); ++kind) {
+    std::string why;
+    ddp_t d = mismatch_context("argument mismatch: ddp_create");
+    if (!d) continue;
+    const Closer closer{d};
+    std::vector<double> b(last ? 64 : 4, g_rank + 1.0);
+    void* bufs[1] = {b.data()};
+    size_t counts[1] = {b.size()};
+    ddp_dtype_t dtypes[1] = {kind == 1 && last ? DDP_F32 : DDP_F64};
+    if (kind == 1) counts[0] = 4;
+    ddp_status_t st;
+    const char* needle;
+    if (kind < 2) {
+      st = ddp_broadcast(d, bufs, counts, dtypes, 1, 0, nullptr);
+      needle = kind == 0 ? "but 64 elements of f64 on rank" : "but 4 elements of f32 on rank";
+    } else {
+      st = ddp_comm_allreduce(g_comm, b.data(), b.size(), DDP_F64, DDP_OP_SUM, nullptr);
+      needle = "the ranks passed different arguments";
+    }
+    const bool ok = expect_status(st, DDP_ERR_MISMATCH, needle, &why) && b[0] == g_rank + 1.0;
+    static const char* names[3] = {"broadcast counts differ", "broadcast dtypes differ",
+                                   "ddp_comm_allreduce counts differ"};
+    record(std::string("argument mismatch: ") + names[kind], ok, why.empty() ? ddp_last_error() : why);
   }
 }
 
@@ -1178,13 +1215,16 @@ void test_wire_bytes() {
   why.clear();
   uint64_t hsent = 0, hreceived = 0, hpayload = 0;
   ok = wire_iteration(n, true, &hsent, &hreceived, &hpayload, &why);
-  if (ok && (2 * hsent != ring || 2 * hreceived != ring || hpayload != n * 4)) {
+  // ddp_comm_allreduce first compares the ranks' arguments: a 16-byte record to every other rank.
+  const uint64_t compare = 16 * static_cast<uint64_t>(g_world - 1);
+  if (ok && (2 * (hsent - compare) != ring || 2 * (hreceived - compare) != ring || hpayload != n * 4)) {
     ok = false;
     why = "a hook sending bf16: sent " + std::to_string(hsent) + ", received " + std::to_string(hreceived) +
-          ", payload " + std::to_string(hpayload) + "; wanted half the fp32 ring's " + std::to_string(ring) +
-          " and the payload " + std::to_string(n * 4);
+          ", payload " + std::to_string(hpayload) + "; wanted half the fp32 ring's " + std::to_string(ring) + " and " +
+          std::to_string(compare) + " bytes of the arguments' comparison, and the payload " + std::to_string(n * 4);
   }
-  record("stats: a hook that sends bf16 counts half the fp32 bytes; bytes_reduced unchanged", ok, why);
+  record("stats: a hook that sends bf16 counts half the fp32 bytes and its comparison; bytes_reduced unchanged", ok,
+         why);
 }
 
 }  // namespace
@@ -1222,5 +1262,6 @@ int main(int argc, char** argv) {
   test_hooks(seed + 3);
   test_wire_bytes();
   test_host_mismatch();
+  test_argument_mismatch();
   return finish(label, seed);
 }

@@ -255,6 +255,31 @@ TEST_CASE("gloo: ranks as threads meet over tcp:// and reduce exactly") {
   }
 }
 
+TEST_CASE("gloo: arguments that differ between ranks are DDP_ERR_MISMATCH on every rank, not Gloo's abort") {
+  if (!have_gloo()) return;
+  // A root's broadcast larger than a receiver's buffer, or allreduces of different sizes, would end the
+  // process inside Gloo's transport (its failed size check throws on its own thread).
+  CHECK(on_gloo_ranks(2, tcp_method(), [](int r, ddp_comm_t c) {
+          ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
+          cfg.timeout_ms = 20000;
+          ddp_t d = nullptr;
+          if (ddp_create(c, &cfg, &d) != DDP_SUCCESS) return false;
+          std::vector<float> b(r == 0 ? 64 : 4, static_cast<float>(r + 1));
+          void* bufs[1] = {b.data()};
+          const size_t counts[1] = {b.size()};
+          const ddp_dtype_t dtypes[1] = {DDP_F32};
+          expect(ddp_broadcast(d, bufs, counts, dtypes, 1, 0, nullptr), DDP_ERR_MISMATCH,
+                 "buffer 0 is 64 elements of f32 on rank 0 but 4 elements of f32 on rank 1");
+          ddp_destroy(d);
+          std::vector<double> x(r == 0 ? 100000 : 10, 1.0);
+          expect(ddp_comm_allreduce(c, x.data(), x.size(), DDP_F64, DDP_OP_SUM, nullptr), DDP_ERR_MISMATCH,
+                 "100000 elements of f64 (sum)");
+          // The comm itself is still usable: the comparison came before any data.
+          expect(ddp_comm_allreduce(c, x.data(), 10, DDP_F64, DDP_OP_SUM, nullptr), DDP_SUCCESS, nullptr);
+          return x[0] == 2.0;
+        }) == 0);
+}
+
 TEST_CASE("gloo: ranks meet over file:// and leave the directory empty") {
   if (!have_gloo()) return;
   char dir[] = "/tmp/ddp_gloo_XXXXXX";

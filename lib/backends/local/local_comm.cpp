@@ -20,13 +20,40 @@ namespace ddp {
 
 namespace {
 
+// What a rank calls on a channel: the collective, its element type (or root) and its size. Ranks
+// whose shapes differ would read past each other's buffers: they fail instead, all of them.
+enum class Op : int32_t { Allreduce, AllreduceAs, ReduceScatter, Allgather, Alltoall, AllgatherHost, Broadcast };
+struct Shape {
+  Op op = Op::Allreduce;
+  int32_t arg = 0;     // the dtype (Dtype) of the reductions, the root of a broadcast
+  uint64_t count = 0;  // elements of the reductions, bytes of the others
+  bool operator==(const Shape& o) const { return op == o.op && arg == o.arg && count == o.count; }
+};
+
+std::string describe(const Shape& s) {
+  const unsigned long long n = s.count;
+  switch (s.op) {
+    case Op::Allreduce: return format("an allreduce of %llu elements of %s", n, dtype_name(static_cast<Dtype>(s.arg)));
+    case Op::AllreduceAs:
+      return format("an allreduce of %llu f32 elements over a %s wire", n, dtype_name(static_cast<Dtype>(s.arg)));
+    case Op::ReduceScatter:
+      return format("a reduce-scatter of %llu elements of %s a rank", n, dtype_name(static_cast<Dtype>(s.arg)));
+    case Op::Allgather: return format("an allgather of %llu bytes a rank", n);
+    case Op::Alltoall: return format("an all-to-all of %llu bytes a rank", n);
+    case Op::AllgatherHost: return format("a control allgather of %llu bytes a rank", n);
+    case Op::Broadcast: return format("a broadcast of %llu bytes from rank %d", n, s.arg);
+  }
+  return "an unknown collective";
+}
+
 // One channel: a reusable barrier plus the buffers each rank posts for the collective in progress.
 // Every collective is: post, barrier, read the others, barrier. Ranks sum in rank order, so every
 // rank gets bitwise the same result. A rank posts a copy in storage the channel owns, never its own
 // buffer: after an abort or a timeout a rank leaves while its peers may still be reading, and frees
 // its buffers; the copies live as long as any rank's communicator on the channel.
 struct Channel {
-  explicit Channel(int n) : posted(static_cast<size_t>(n), nullptr), data(static_cast<size_t>(n)) {}
+  explicit Channel(int n)
+      : posted(static_cast<size_t>(n), nullptr), data(static_cast<size_t>(n)), shapes(static_cast<size_t>(n)) {}
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -36,6 +63,7 @@ struct Channel {
   const char* why = nullptr;  // ... and why
   std::vector<const void*> posted;
   std::vector<std::vector<char>> data;  // per rank: what it posted (grown once, then reused)
+  std::vector<Shape> shapes;            // per rank: what it called (compared before anything is read)
 };
 
 // The stall inspector's board for one communicator: each rank's position source, while it lives.
@@ -181,6 +209,7 @@ class LocalComm final : public Comm {
     return std::unique_ptr<Prober>(
         new LocalProber(group_->board(key_ + "/probe" + std::to_string(++probers_)), rank_, std::move(mine)));
   }
+  bool checks_shapes() const override { return true; }
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
   // A scaled sum (the averages, DDP_OP_AVG of ddp_comm_allreduce) sums, then scales, as MPI does.
   bool supports(RedOp op) const override { return op == RedOp::Sum || op == RedOp::SumScaled; }
@@ -193,7 +222,7 @@ class LocalComm final : public Comm {
     const double factor = factor_of(red);
     const size_t bytes = n * dtype_size(d);
     // post() copies `send` into the channel, so the sum can go straight into recv, in place or not.
-    post(send, bytes, dl);
+    post(send, bytes, Shape{Op::Allreduce, static_cast<int32_t>(d), n}, dl);
     sum(recv, n, d, 0);
     if (factor != 1.0) host::convert(recv, d, recv, d, n, factor);
     barrier(dl);  // everyone has read every buffer
@@ -214,7 +243,7 @@ class LocalComm final : public Comm {
     if (cast_.size() < n * ws) cast_.resize(n * ws);
     char* mine = cast_.data();  // this rank's cast elements; once posted (a copy), the last add's bits
     host::convert(send, Dtype::F32, mine, wire, n, 1.0);
-    post(mine, n * ws, dl);
+    post(mine, n * ws, Shape{Op::AllreduceAs, static_cast<int32_t>(wire), n}, dl);
     if (size() == 1)
       host::round_through(static_cast<const float*>(send), to, n, wire, factor);
     else
@@ -229,7 +258,7 @@ class LocalComm final : public Comm {
   void reduce_scatter(void* buf, size_t m, Dtype d, Reduction red, Stream&, Deadline dl) override {
     const double factor = factor_of(red);
     const size_t es = dtype_size(d), at = static_cast<size_t>(rank_) * m;
-    post(buf, m * static_cast<size_t>(size()) * es, dl);
+    post(buf, m * static_cast<size_t>(size()) * es, Shape{Op::ReduceScatter, static_cast<int32_t>(d), m}, dl);
     char* mine = static_cast<char*>(buf) + at * es;
     sum(mine, m, d, at);
     if (factor != 1.0) host::convert(mine, d, mine, d, m, factor);
@@ -239,7 +268,7 @@ class LocalComm final : public Comm {
 
   void allgather(void* buf, size_t bytes, Stream&, Deadline dl) override {
     char* p = static_cast<char*>(buf);
-    post(p + static_cast<size_t>(rank_) * bytes, bytes, dl);
+    post(p + static_cast<size_t>(rank_) * bytes, bytes, Shape{Op::Allgather, 0, bytes}, dl);
     for (int r = 0; r < size(); ++r)
       if (r != rank_) std::memcpy(p + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
     barrier(dl);
@@ -248,7 +277,7 @@ class LocalComm final : public Comm {
 
   bool has_alltoall() const override { return true; }
   void alltoall(const void* send, void* recv, size_t bytes, Stream&, Deadline dl) override {
-    post(send, bytes * static_cast<size_t>(size()), dl);
+    post(send, bytes * static_cast<size_t>(size()), Shape{Op::Alltoall, 0, bytes}, dl);
     const size_t mine = static_cast<size_t>(rank_) * bytes;
     for (int r = 0; r < size(); ++r)
       std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes,
@@ -262,7 +291,7 @@ class LocalComm final : public Comm {
   }
 
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
-    post(in, bytes, dl);
+    post(in, bytes, Shape{Op::AllgatherHost, 0, bytes}, dl);
     for (int r = 0; r < size(); ++r)
       std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)],
                   bytes);
@@ -272,7 +301,7 @@ class LocalComm final : public Comm {
 
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
     if (root < 0 || root >= size()) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range", root);
-    post(buf, rank_ == root ? bytes : 0, dl);
+    post(buf, rank_ == root ? bytes : 0, Shape{Op::Broadcast, root, bytes}, dl);
     if (rank_ != root) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
     barrier(dl);
     wire_bytes()->broadcast(bytes, size(), rank_, root);
@@ -334,7 +363,9 @@ class LocalComm final : public Comm {
     }
   }
 
-  void post(const void* buf, size_t bytes, Deadline dl) {
+  // Posts a copy of `bytes` of `buf` for collective `shape`, waits for every rank, and fails (on every
+  // rank alike) when the ranks' shapes differ.
+  void post(const void* buf, size_t bytes, Shape shape, Deadline dl) {
     {
       Channel& c = *channel_;
       std::lock_guard<std::mutex> lock(c.mu);
@@ -344,8 +375,15 @@ class LocalComm final : public Comm {
       if (mine.size() < bytes) mine.resize(bytes);
       if (bytes) std::memcpy(mine.data(), buf, bytes);
       c.posted[static_cast<size_t>(rank_)] = mine.data();
+      c.shapes[static_cast<size_t>(rank_)] = shape;
     }
     barrier(dl);
+    // Stable until every rank has passed the next barrier, which none reaches if any differs.
+    for (int r = 0; r < size(); ++r)
+      if (!(channel_->shapes[static_cast<size_t>(r)] == shape))
+        fail(DDP_ERR_MISMATCH,
+             "local group: the ranks called different collectives on one communicator: rank %d %s, rank %d %s", rank_,
+             describe(shape).c_str(), r, describe(channel_->shapes[static_cast<size_t>(r)]).c_str());
   }
 
   // A worker written off while it waits here (its stream's timeout) may wake after its comm is gone:
