@@ -194,6 +194,11 @@ def _check_world(comm, process_group=None):
                _HOW_TO_LAUNCH))
 
 
+# torch's positional arguments after device_ids, in its order.
+_TORCH_POSITIONAL = ("output_device", "dim", "broadcast_buffers", "process_group", "bucket_cap_mb",
+                     "find_unused_parameters", "check_reduction", "gradient_as_bucket_view", "static_graph")
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters' grads are reduced across the ranks of `comm` in every backward pass.
     torch.nn.parallel.DistributedDataParallel's arguments mean what they mean there (docs/bindings.md,
@@ -218,10 +223,10 @@ class DistributedDataParallel(torch.nn.Module):
     gradient_predivide_factor, allreduce_always_fp32, num_streams, timeout_ms, plan_order, ...).
     """
 
-    def __init__(self, module, comm=None, *, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
-                 process_group=None, bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
-                 gradient_as_bucket_view=False, static_graph=False, layout=None, broadcast_parameters=True,
-                 allreduce_trigger_params=None, **config):
+    def __init__(self, module, comm=None, *torch_args, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=True, process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
+                 check_reduction=False, gradient_as_bucket_view=False, static_graph=False, layout=None,
+                 broadcast_parameters=True, allreduce_trigger_params=None, **config):
         super().__init__()
         if comm is not None and not isinstance(comm, Comm):  # torch's second positional argument
             if isinstance(comm, (list, tuple, int, torch.device)):
@@ -230,6 +235,23 @@ class DistributedDataParallel(torch.nn.Module):
                 process_group, comm = comm, None
             else:
                 raise TypeError("libddp.torch: comm must be a libddp.Comm, not %s" % type(comm).__name__)
+        if torch_args:  # torch's later positional arguments: output_device, dim, broadcast_buffers, ...
+            if len(torch_args) > len(_TORCH_POSITIONAL):
+                raise TypeError("libddp.torch: DistributedDataParallel takes at most %d positional arguments "
+                                "(%d given)" % (2 + len(_TORCH_POSITIONAL), 2 + len(torch_args)))
+            given = dict(zip(_TORCH_POSITIONAL, torch_args))
+            output_device = given.get("output_device", output_device)
+            dim = given.get("dim", dim)
+            broadcast_buffers = given.get("broadcast_buffers", broadcast_buffers)
+            process_group = given.get("process_group", process_group)
+            bucket_cap_mb = given.get("bucket_cap_mb", bucket_cap_mb)
+            find_unused_parameters = given.get("find_unused_parameters", find_unused_parameters)
+            check_reduction = given.get("check_reduction", check_reduction)
+            gradient_as_bucket_view = given.get("gradient_as_bucket_view", gradient_as_bucket_view)
+            static_graph = given.get("static_graph", static_graph)
+        if process_group is not None and not _is_process_group(process_group):
+            raise TypeError("libddp.torch: process_group must be a torch.distributed ProcessGroup, not %s"
+                            % type(process_group).__name__)
         if check_reduction:
             warnings.warn("The `check_reduction` argument of DistributedDataParallel is deprecated in torch and "
                           "ignored: a backward pass that leaves parameters without a grad is reported anyway")
@@ -249,6 +271,10 @@ class DistributedDataParallel(torch.nn.Module):
         self.parameters_to_ignore = list(getattr(module, "_ddp_params_and_buffers_to_ignore", None) or ())
         self._ignore = set(self.parameters_to_ignore)
         self._params = self._trainable(module, self._ignore)
+        kinds = sorted(set(p.device.type for p in self._params))
+        if len(kinds) > 1:
+            raise ValueError("libddp.torch: the module's parameters must all be on one type of device; they are "
+                             "on %s" % ", ".join(kinds))
         self._cuda = self._params[0].is_cuda
         self.device = self._params[0].device
         self._check_devices(opts["device_ids"], opts["output_device"])
@@ -256,7 +282,8 @@ class DistributedDataParallel(torch.nn.Module):
         config = dict(opts["config"])
         if opts["bucket_cap_mb"] is not None and "message_size" not in config:
             config["message_size"] = max(1, int(opts["bucket_cap_mb"] * 1024 * 1024) // self._params[0].element_size())
-        self.process_group = process_group
+        # torch's attribute: the group given, else the default group (the wrapper's comm spans its ranks).
+        self.process_group = process_group if process_group is not None else _default_group()
         self._own_comm = comm is None  # made here: closed with this wrapper
         self.comm = comm if comm is not None else default_comm(self.device, process_group)
         try:
@@ -293,7 +320,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._triggers = opts["triggers"]
         self.require_backward_grad_sync = True
         self._buffers_due = True  # torch syncs buffers before the first forward too
-        self._sync = True
+        self._next_sync = True  # require_backward_grad_sync at the last training forward: the next backward's
         self._early_exit_check = False  # inside join(throw_on_early_termination=True)
         self._comm_hook = None  # (state, hook) of register_comm_hook
         self._buffer_hook = None  # (state, hook, location) of _register_buffer_comm_hook
@@ -312,6 +339,7 @@ class DistributedDataParallel(torch.nn.Module):
         """A new libddp context for the model: created, checked across ranks and (at construction) the
         model broadcast, the comm hook set, the grads registered (collective), the grad hooks installed."""
         self.ddp = DDP(self.comm, layout=self._layout, **self._config)
+        self._sync = True  # the library's setting (ddp_set_sync), applied when a backward pass begins
         if broadcast is not None:
             synced = self._synced_tensors()
             self._verify_same_model(synced)
@@ -359,7 +387,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _check_devices(self, device_ids, output_device):
         if device_ids is not None and len(device_ids) > 1:
             raise ValueError("libddp.torch: device_ids can only be None or contain a single element")
-        if not self._cuda and (device_ids or output_device is not None):
+        if not self._cuda and (device_ids or output_device):  # as torch: a falsy output_device (0) passes
             raise ValueError("libddp.torch: device_ids and output_device only work with a single-device GPU module; "
                              "this module's parameters are on %s (got device_ids %s, output_device %s)"
                              % (self.device, device_ids, output_device))
@@ -579,8 +607,12 @@ class DistributedDataParallel(torch.nn.Module):
                     self._adopt_grad(i)
         if self._comm_hook is not None:
             self._hook_segments = self._bucket_segments()
+        if self._sync != self._next_sync:  # decided at the forward pass, as torch decides
+            self.ddp.set_sync(self._next_sync)
+            self._sync = self._next_sync
         self.ddp.begin_backward(self._stream())
         self._in_backward = True
+        self._join_scratch = None  # every grad gets real storage again before the library writes it
         self._queued = False
         self._any_grad = False
         self._marked = [False] * len(self._params)
@@ -691,12 +723,15 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._any_grad:
             self._queued = False  # no grad of the model in this backward pass (torch.autograd.grad): later
             return
+        changed = []
         if self.static_graph:
             for i, n in enumerate(self._fired):  # delayed in the first iteration (or fired fewer times)
                 if n and not self._marked[i]:
                     self._mark(i)
             if self._sync and self._static_counts is None:
                 self._static_counts = list(self._fired)
+            elif self._sync:  # as torch: the set of parameters used must stay that of the first iteration
+                changed = [i for i, n in enumerate(self._fired) if (n == 0) != (self._static_counts[i] == 0)]
         saved = {}
         if not self._sync:
             pass  # no_sync: the library only records marks; nothing is reduced
@@ -717,6 +752,15 @@ class DistributedDataParallel(torch.nn.Module):
             self._bind_views()
         self._settle_unused(saved)
         self._wait_buffer_futures()
+        if changed:  # the iteration is complete on every rank (its values those of find_unused_parameters)
+            names = _param_names(self)
+            listed = ", ".join(names[self._base + i] for i in changed[:6])
+            if len(changed) > 6:
+                listed += " and %d more" % (len(changed) - 6)
+            raise RuntimeError("libddp.torch: static_graph=True, but the training graph changed in this iteration: "
+                               "%s %s used in the first iteration and not now, or the reverse (torch raises too); "
+                               "use find_unused_parameters=True for a graph that changes"
+                               % (listed, "was" if len(changed) == 1 else "were"))
 
     # -- comm hooks -----------------------------------------------------------------------------
     def register_comm_hook(self, state, hook):
@@ -896,8 +940,11 @@ class DistributedDataParallel(torch.nn.Module):
                 self._sync_buffers()
             elif not self._buffer_hook[2]:
                 self._run_buffer_hook()
-        if training and not self._in_backward:
-            self._begin()
+        if training:
+            # torch decides at the forward pass whether the backward that follows is reduced; the library's
+            # iteration begins with that backward (a forward without one, as in a validation pass with grad
+            # enabled, leaves nothing begun).
+            self._next_sync = self.require_backward_grad_sync
         out = self.module(*args, **kwargs)
         if self._gathering:  # parameters of modules the forward did not run
             self.ddp.wait_params(-1, self._stream())
@@ -905,7 +952,7 @@ class DistributedDataParallel(torch.nn.Module):
         if sync_buffers and self._buffer_hook is not None and self._buffer_hook[2]:
             self._run_buffer_hook()
         # torch: buffers are synced before the next forward only after a training forward with sync on.
-        self._buffers_due = training and self._sync
+        self._buffers_due = training and self._next_sync
         if training:
             _watch_outputs(out, weakref.ref(self))
         return out
@@ -947,9 +994,9 @@ class DistributedDataParallel(torch.nn.Module):
                 self._config["uneven_inputs"] = old
                 raise
             self._uneven = want
-        ran = self.ddp.stats.iterations
         yield self  # an exception in the block propagates: no join (the other ranks time out, as in torch)
-        self.ddp.join()
+        ran = self.ddp.stats.iterations  # this rank's synced iterations: who ran the most decides below
+        self._join_shadowing()
         # torch's final sync: the last rank to join (the most iterations; ties: the highest rank) is the
         # authoritative model copy.
         world = self.comm.size
@@ -959,6 +1006,19 @@ class DistributedDataParallel(torch.nn.Module):
         root = int(key[0] % world)
         self._broadcast_tensors(self._params, root)
         self._sync_buffers(root)
+
+    def _join_shadowing(self):
+        """ddp_join: the others' remaining iterations reduce zeros from this rank and write their result
+        into its grads. Copy layout: the grads the library last saw may be gone (zero_grad(set_to_none),
+        the copies of unused grads), so it gets scratch storage of its own for the shadow iterations, kept
+        until the next backward pass gives it real grads again; torch leaves a joined rank's .grad alone."""
+        if self.arena:
+            self.ddp.join()
+            return
+        self._join_scratch = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._params]
+        for i, t in enumerate(self._join_scratch):
+            L.lib.ddp_set_grad_ptr(self._h, self._base + i, t.data_ptr())
+        self.ddp.join()
 
     def join_hook(self, **kwargs):
         """torch's generic Join context manager (torch.distributed.algorithms.join.Join) is not supported: it
@@ -987,19 +1047,16 @@ class DistributedDataParallel(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside only accumulate grads locally; the next one outside reduces the sum."""
-        if self._in_backward:
-            raise RuntimeError("libddp.torch: no_sync() must be entered before the forward pass")
-        self.ddp.set_sync(False)
-        self._sync = False
+        """Backward passes of forward passes run inside only accumulate grads locally; the next synced one
+        reduces the sum. As in torch, the forward pass decides: a forward inside the block whose backward
+        runs after it is not reduced, and entering the block between a forward and its backward does not
+        change that backward."""
+        old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            if not self.ddp.closed and not self._in_backward:
-                self.ddp.set_sync(True)
-                self._sync = True
-                self.require_backward_grad_sync = True
+            self.require_backward_grad_sync = old
 
     def gather_params(self):
         """Sharded: launches the all-gather of the parameters (after the optimizer updated the shards);
@@ -1121,6 +1178,12 @@ def _to_device(obj, device):
     if isinstance(obj, dict):
         return {k: _to_device(v, device) for k, v in obj.items()}
     return obj
+
+
+def _default_group():
+    import torch.distributed as dist
+
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
 def _is_process_group(obj):

@@ -226,3 +226,58 @@ def test_registration_mismatch_names_the_parameter():
     for e in errs:
         assert isinstance(e, libddp.MismatchError), errs
         assert "b.weight" in str(e) and "same model on every rank" in str(e), str(e)  # checked before registering
+
+
+def test_torch_positional_arguments_and_constructor_checks():
+    """torch's later positional arguments (output_device, dim, ...) are taken in torch's order; a falsy
+    output_device passes on CPU; a process_group that is not one, and parameters on two device types,
+    are refused as torch refuses them."""
+    with libddp.Comm.self() as c:
+        model = ltorch.DistributedDataParallel(make(), c, None, 0)  # output_device=None, dim=0
+        assert model.dim == 0 and model.output_device is None
+        model.close()
+        model = ltorch.DistributedDataParallel(make(), c, output_device=0)
+        model.close()
+        with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup, not str"):
+            ltorch.DistributedDataParallel(make(), c, process_group="junk")
+        mixed = make()
+        mixed[2].bias = torch.nn.Parameter(torch.empty(2, device="meta"))
+        with pytest.raises(ValueError, match="one type of device; they are on cpu, meta"):
+            ltorch.DistributedDataParallel(mixed, c)
+
+
+def test_static_graph_refuses_a_graph_that_changes():
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+
+        def forward(self, x, use_b):
+            return self.a(x) + (self.b(x) if use_b else 0)
+
+    with libddp.Comm.self() as c:
+        model = ltorch.DistributedDataParallel(TwoHeads(), c, static_graph=True)
+        x = torch.randn(4, 3)
+        model(x, False).sum().backward()  # the first iteration: b unused
+        model(x, False).sum().backward()
+        with pytest.raises(RuntimeError, match="training graph changed in this iteration: b.weight, b.bias were"):
+            model(x, True).sum().backward()
+        model.close()
+
+
+def test_no_sync_after_a_forward_without_backward():
+    """A forward with grad enabled whose output is dropped begins nothing: no_sync() after it works, and
+    entering no_sync() between a forward and its backward is allowed (that backward stays synced)."""
+    with libddp.Comm.self() as c:
+        m = make()
+        model = ltorch.DistributedDataParallel(m, c)
+        x = torch.randn(4, 5)
+        model(x)  # dropped
+        with model.no_sync():
+            model(x).sum().backward()
+        assert model.stats.iterations == 0
+        out = model(x)
+        with model.no_sync():
+            out.sum().backward()
+        assert model.stats.iterations == 1
+        model.close()

@@ -22,18 +22,22 @@ def net():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
-def batches():  # rank r holds 2 + 2 r batches, different data on every rank
+def batches(lowest_most=False):  # rank r holds 2 + 2 r batches (or the reverse), different data on every rank
     g = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)) for _ in range(2 + 2 * rank)]
+    n = 2 + 2 * (world - 1 - rank if lowest_most else rank)
+    return [(torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)) for _ in range(n)]
 
 
-def train(model, **join):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def train(model, lowest_most=False, momentum=0.0, set_to_none=False, **join):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     with model.join(**join):
-        for x, y in batches():
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
+        for x, y in batches(lowest_most):
+            opt.zero_grad(set_to_none=set_to_none)
+            out = model(x)
+            out = out[0] if isinstance(out, tuple) else out
+            torch.nn.functional.mse_loss(out, y).backward()
             opt.step()
+            opt.zero_grad(set_to_none=set_to_none)  # the grads the library saw last may be gone at the join
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -55,6 +59,44 @@ def parity(by_world):
         for a, b in zip(got, want):
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item()
     return run
+
+
+def lowest_rank_most():
+    """The rank with the most batches is rank 0: every rank ends with its parameters (its last optimizer
+    steps included), as torch's; with momentum, so that a wrong rank's copy shows."""
+    want = train(torch.nn.parallel.DistributedDataParallel(net()), lowest_most=True, momentum=0.9)
+    model = ltorch.DistributedDataParallel(net(), comm)
+    got = train(model, lowest_most=True, momentum=0.9)
+    model.close()
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item()
+
+
+class Branchy(torch.nn.Module):
+    """A head used on even batches only (find_unused_parameters)."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head, self.other = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        h = torch.tanh(self.body(x))
+        return self.head(h) if self.step % 2 else self.other(h)
+
+
+def unused_grads_dropped_before_the_join():
+    """find_unused_parameters with zero_grad(set_to_none=True) after each step: the grads the library
+    last wrote are gone when a rank joins. The joined rank's shadow iterations must not write into them
+    (they did: heap corruption); the result is torch's."""
+    want = train(torch.nn.parallel.DistributedDataParallel(Branchy(), find_unused_parameters=True),
+                 set_to_none=True)
+    model = ltorch.DistributedDataParallel(Branchy(), comm, find_unused_parameters=True)
+    got = train(model, set_to_none=True)
+    model.close()
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item()
 
 
 def join_without_uneven_inputs():
@@ -113,6 +155,8 @@ def throws_on_early_termination():
 
 for name, fn in (("join parity divide_by_initial_world_size=True", parity(True)),
                  ("join parity divide_by_initial_world_size=False", parity(False)),
+                 ("join: the lowest rank ran the most", lowest_rank_most),
+                 ("join: grads dropped before the join", unused_grads_dropped_before_the_join),
                  ("join without uneven_inputs", join_without_uneven_inputs),
                  ("batchnorm refused at once", batchnorm_with_broadcast_buffers_is_refused_at_once),
                  ("throw_on_early_termination", throws_on_early_termination)):

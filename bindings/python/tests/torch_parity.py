@@ -142,6 +142,16 @@ def run_real(layout, set_to_none, opt_name, plan_order=None):
                     torch.nn.functional.mse_loss(model(tokens[:4], step), target[:4]).backward()
                 # odd_steps: used in the no_sync micro-batch only: torch keeps its local grad
                 torch.nn.functional.mse_loss(model(tokens[4:], step + 1), target[4:]).backward()
+            elif step == 1:  # the forward decides: its backward after the no_sync block stays local
+                with model.no_sync():
+                    out = model(tokens[:4], step)
+                torch.nn.functional.mse_loss(out, target[:4]).backward()
+                torch.nn.functional.mse_loss(model(tokens[4:], step), target[4:]).backward()
+            elif step == 5:  # a forward dropped (grad enabled); no_sync entered after the forward: reduced
+                model(tokens, step)
+                out = model(tokens, step)
+                with model.no_sync():
+                    torch.nn.functional.mse_loss(out, target).backward()
             else:
                 torch.nn.functional.mse_loss(model(tokens, step), target).backward()
         for (name, pr), po in zip(ref_model.named_parameters(), our_model.parameters()):
