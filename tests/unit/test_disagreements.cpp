@@ -100,7 +100,7 @@ TEST_CASE("ddp_broadcast: counts, dtypes, n or roots that differ fail every rank
 }
 
 TEST_CASE("ddp_comm_allreduce: counts or dtypes that differ between ranks fail every rank, naming both") {
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < 3; ++c) {
     std::vector<Got> got(3);
     on_ranks(3, [&](int rank, ddp_comm_t comm) {
       std::vector<double> b(rank == 2 && c == 0 ? 1000 : 10, 1.0);
@@ -109,6 +109,9 @@ TEST_CASE("ddp_comm_allreduce: counts or dtypes that differ between ranks fail e
       if (c == 0)
         got[static_cast<size_t>(rank)].status =
             ddp_comm_allreduce(comm, b.data(), b.size(), DDP_F64, DDP_OP_SUM, nullptr);
+      if (c == 2)  // a rank with nothing to reduce still meets the others (it used to return at once)
+        got[static_cast<size_t>(rank)].status =
+            ddp_comm_allreduce(comm, b.data(), rank == 2 ? 0 : 5, DDP_F64, DDP_OP_SUM, nullptr);
       got[static_cast<size_t>(rank)].message = ddp_last_error();
       return true;
     });
@@ -116,7 +119,9 @@ TEST_CASE("ddp_comm_allreduce: counts or dtypes that differ between ranks fail e
       CAPTURE(got[static_cast<size_t>(r)].message);
       CHECK(got[static_cast<size_t>(r)].status == DDP_ERR_MISMATCH);
       CHECK(has(got[static_cast<size_t>(r)].message, "the ranks called different collectives on one communicator"));
-      CHECK(has(got[static_cast<size_t>(r)].message, c == 0 ? "1000 elements of f64" : "10 elements of f32"));
+      CHECK(has(got[static_cast<size_t>(r)].message, c == 0   ? "1000 elements of f64"
+                                                     : c == 1 ? "10 elements of f32"
+                                                              : "an allreduce of 0 elements"));
     }
   }
 }
