@@ -589,7 +589,12 @@ static float* state_alloc(int optimizer, int which, size_t n, size_t* bytes) {
  * none). Returns the step to go on from. A loss while this runs comes back here through check(). */
 static int recover(trainer_t* t, model_t* m, float** s1, float** s2, const options_t* o, int max_world) {
   ddp_membership_t mb;
-  const ddp_status_t st = ddp_recover(t->ddp, &mb, NULL, 0);
+  ddp_status_t st = ddp_recover(t->ddp, &mb, NULL, 0);
+  /* DDP_ERR_TIMEOUT leaves the context lost and may be retried: another rank lost during the recovery */
+  for (int tries = 1; st == DDP_ERR_TIMEOUT && tries < 3; ++tries) {
+    fprintf(stderr, "rank %d: ddp_recover: %s; trying again\n", g_rank, ddp_last_error());
+    st = ddp_recover(t->ddp, &mb, NULL, 0);
+  }
   if (st != DDP_SUCCESS) {
     fprintf(stderr, "rank %d: ddp_recover failed: %s: %s\n", g_rank, ddp_status_string(st), ddp_last_error());
     exit(1);

@@ -641,8 +641,10 @@ typedef struct ddp_membership {
  * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
  * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner).
  * DDP_ERR_TIMEOUT when the membership could not be agreed within timeout_ms (the store is gone: a
- * TCP store lives in rank 0's process, a file store outlives every rank); the context then stays
- * lost. Collective over the surviving ranks.
+ * TCP store lives in rank 0's process, a file store outlives every rank), or when another rank was
+ * lost while the new communicators were being made (each attempt then takes up to about twice
+ * timeout_ms); the context then stays lost and ddp_recover may be called again: a loop that retries
+ * it a few times survives a second death during a recovery. Collective over the surviving ranks.
  * After a call returned DDP_ERR_RANK_JOINING (nothing of that call was done: ddp_begin_backward or
  * ddp_reduce_all at the step boundary after a synced iteration in which some rank's watch saw a join
  * request), admits the waiting joiners: they become ranks world, world + 1 ..., receive the plan,

@@ -309,7 +309,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
   }
   CallScope scope(this, Call::Broadcast);
   fatal_on_error([&] {
-    agree_broadcast(counts, dtypes, n, root);
+    if (world_ > 1) agree_broadcast(counts, dtypes, n, root);
     for (int i = 0; i < n; ++i)
       if (counts[i])
         bcast_->broadcast(buffers[i], counts[i] * dtype_size(static_cast<Dtype>(dtypes[i])), root, stream, deadline());

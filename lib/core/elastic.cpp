@@ -95,7 +95,9 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
     // A member of the new world lost on the way (its connection closed, NCCL's creation failed for
     // it): one more change, which the next ddp_recover makes. Refusals and a rank left out stay.
     if (e.status() != DDP_ERR_ABORTED && e.status() != DDP_ERR_NCCL) throw;
-    fail(DDP_ERR_TIMEOUT, "the new membership lost a rank while it was being formed (call ddp_recover again): %s",
+    fail(DDP_ERR_TIMEOUT,
+         "the new membership could not be formed (a rank was lost while it was being formed, or the store is "
+         "gone); the context stays lost: call ddp_recover again: %s",
          e.what());
   }
 }

@@ -30,6 +30,7 @@ const char* call_text(int32_t c) {
 }
 
 std::string describe(const Position& p) {
+  if (p.iteration == kAcceptedSilent) return "no answer (its port accepts: the process lives, stopped or paused)";
   if (p.iteration < 0) return "no answer";
   return format("iteration %lld, %s, %d of %d buckets launched, %d reduced, %lld control calls",
                 static_cast<long long>(p.iteration), call_text(p.call), p.launched, p.buckets, p.done,
@@ -129,14 +130,16 @@ void Context::log_summary() {
 // A rank silent in two watches in a row (or whose port refused: its process is gone) is taken for lost: this rank
 // closes its connections (as a bucket worker does when its collective fails), so that its own wait ends now and the
 // loss reaches every rank, rather than at timeout_ms. (A send to a dead peer can wait for its whole timeout, and a cut
-// link closes nothing.)
+// link closes nothing.) A rank whose port accepts but which does not answer lives, stopped (a debugger, SIGSTOP, a
+// paused machine): a stall, which timeout_ms bounds, as for a rank that answers.
 void Context::watch_peers() {
   if (!prober_ || !reducer_env_.on_failure) return;
   const std::vector<Position> pos = prober_->ask(500);
   silent_.resize(pos.size(), 0);
   int gone = -1;
   for (size_t r = 0; r < pos.size(); ++r) {
-    silent_[r] = silent_asks(silent_[r], liveness_of(pos[r]));
+    const bool stopped = pos[r].iteration == kAcceptedSilent;
+    silent_[r] = stopped ? 0 : silent_asks(silent_[r], liveness_of(pos[r]));
     if (silent_[r] >= kLostAfterAsks && gone < 0) gone = static_cast<int>(r);
   }
   if (gone < 0) return;

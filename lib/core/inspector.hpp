@@ -32,12 +32,15 @@ enum class Call : int32_t {
   WaitGrad
 };
 struct Position {
-  int64_t iteration = -1;  // -1: the rank did not answer; -2: its port refused (the process is gone)
+  // -1: the rank did not answer; -2: its port refused (the process is gone); kAcceptedSilent: its port
+  // accepted the connection but nothing answered (the process lives but is stopped: a debugger, SIGSTOP)
+  int64_t iteration = -1;
   int32_t call = 0;
   int32_t launched = 0, done = 0, buckets = 0;
   int64_t calls = 0;  // control-path exchanges entered (ddp_commit, host collectives, barriers, votes)
 };
 static_assert(sizeof(Position) == 32, "Position travels as 32 bytes");
+constexpr int64_t kAcceptedSilent = -3;
 
 // What asking a rank said (elastic contexts): it answered; it did not answer in time (dead, stuck or
 // cut off: nobody can tell); or nothing listens on its port (its process is gone).

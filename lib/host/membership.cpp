@@ -103,12 +103,15 @@ Agreed agree_membership(Store& store, const std::string& base, const std::string
     a.committed.push_back(c);
     p = *end ? end + 1 : end;
   }
-  if (a.me < 0)
+  if (a.me < 0) {
+    std::string ranks;  // "0, 2" (the view itself is "rank:committed rank:committed ")
+    for (int r : a.members) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     fail(DDP_ERR_RANK_LOST,
          "rank %d was left out of membership %s (the others agreed on ranks %s without it: it checked in too "
          "late, or it cannot reach them); its context is aborted: to take part again, join as a joiner would "
          "(ddp_comm_join_gloo)",
-         rank, epoch.c_str(), view.c_str());
+         rank, epoch.c_str(), ranks.c_str());
+  }
   return a;
 }
 

@@ -42,28 +42,13 @@ class SocketProber final : public Prober {
     std::vector<std::thread> askers;
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == rank_) continue;
-      askers.emplace_back([&, r] { out[r] = ask_one(peers_[r], seq, dl); });
+      askers.emplace_back([&, r] { out[r] = ask_rank(peers_[r].host, peers_[r].port, seq, dl); });
     }
     for (std::thread& t : askers) t.join();
     return out;
   }
 
  private:
-  static Position ask_one(const Peer& p, uint64_t seq, Deadline dl) {
-    Position none;
-    try {
-      bool refused = false;
-      tcp::Socket s = tcp::try_connect(p.host, p.port, dl, &refused);
-      if (refused) none.iteration = -2;  // nothing listens there: the process is gone
-      if (!s.valid()) return none;
-      tcp::send_all(s, &seq, sizeof seq, dl, "ask");
-      Answer a{};
-      tcp::recv_all(s, &a, sizeof a, dl, "ask");
-      return a.seq == seq ? a.pos : none;
-    } catch (const Error&) {
-      return none;
-    }
-  }
   void serve() {
     name_this_thread("ddp-inspector");
     while (!stop_) {
@@ -95,6 +80,23 @@ std::string host_name() {
 }
 
 }  // namespace
+
+Position ask_rank(const std::string& host, int port, uint64_t seq, Deadline dl) {
+  Position none;
+  try {
+    bool refused = false;
+    tcp::Socket s = tcp::try_connect(host, port, dl, &refused);
+    if (refused) none.iteration = -2;  // nothing listens there: the process is gone
+    if (!s.valid()) return none;
+    none.iteration = kAcceptedSilent;  // from here on its kernel answered for it: the process lives
+    tcp::send_all(s, &seq, sizeof seq, dl, "ask");
+    Answer a{};
+    tcp::recv_all(s, &a, sizeof a, dl, "ask");
+    return a.seq == seq ? a.pos : none;
+  } catch (const Error&) {
+    return none;
+  }
+}
 
 std::unique_ptr<Prober> make_socket_prober(Store& store, const std::string& key, int rank, int size,
                                            const std::string& host, std::function<Position()> mine, Deadline dl,

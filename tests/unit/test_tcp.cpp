@@ -1,6 +1,7 @@
 // The sockets under the rendezvous store (host/tcp.hpp): a client that retries a port nobody listens
 // on yet never ends up connected to itself, and the listener that comes later gets the port; a
-// listener outlasts a port taken for a moment and refuses, by name, one that stays taken.
+// listener outlasts a port taken for a moment and refuses, by name, one that stays taken. The stall
+// inspector's ask tells a stopped process (its port accepts, nothing answers) from a gone one.
 #include <doctest.h>
 
 #include <chrono>
@@ -9,6 +10,8 @@
 
 #include "core/common.hpp"
 
+#include "core/inspector.hpp"
+#include "host/probe.hpp"
 #include "host/tcp.hpp"
 #include "../support/ports.hpp"
 
@@ -97,4 +100,20 @@ TEST_CASE("tcp: listen_on waits out a port taken for a moment, and names a port 
     CHECK(waited >= std::chrono::milliseconds(400));
     CHECK(waited < std::chrono::seconds(3));
   }
+}
+
+TEST_CASE("peer watch: a port that accepts but never answers is a stopped process; a closed one is gone") {
+  using namespace ddp;
+  tcp::Socket listener = tcp::listen_on(0, "a stopped rank's port");  // listens; nobody ever accepts
+  const int port = tcp::bound_port(listener);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Position stopped = ask_rank("127.0.0.1", port, 1, Deadline::after_ms(300));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(stopped.iteration == kAcceptedSilent);      // the peer watch leaves it to timeout_ms
+  CHECK(liveness_of(stopped) == Liveness::Silent);  // a recovery still cannot count on it
+  CHECK(ms < 2000);
+  listener = tcp::Socket();
+  const Position gone = ask_rank("127.0.0.1", port, 2, Deadline::after_ms(300));
+  CHECK(gone.iteration == -2);
+  CHECK(liveness_of(gone) == Liveness::Gone);
 }

@@ -934,6 +934,11 @@ class DistributedDataParallel(torch.nn.Module):
         if self.device_ids:
             args, kwargs = _to_device((args, kwargs), self.device_ids[0])
         training = torch.is_grad_enabled()
+        if training and self._in_backward and self._any_grad:
+            raise RuntimeError("libddp.torch: the last backward pass handed grads to the library but never finished "
+                               "(an exception inside it?): its iteration cannot complete, and this wrapper cannot go "
+                               "on; make a new one (torch raises too: 'Expected to have finished reduction in the "
+                               "prior iteration')")
         sync_buffers = self.broadcast_buffers and self._buffers_due and bool(self._named_buffers())
         if sync_buffers:
             if self._buffer_hook is None:

@@ -152,18 +152,10 @@ class LocalGroup {
   // The channel named `key`. A communicator's key says how it was made ("3" for a rank's third
   // ddp_comm_init_local, "3/1" for the first dup of that one), so the communicators that match across
   // ranks are those made by the same sequence of calls on each of them, whatever else a rank makes.
-  std::shared_ptr<Channel> channel(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& c = channels_[key];
-    if (!c) c = std::make_shared<Channel>(n_);
-    return c;
-  }
-  std::shared_ptr<Board> board(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& b = boards_[key];
-    if (!b) b = std::make_shared<Board>(n_);
-    return b;
-  }
+  // The group holds its channels and boards weakly: they live while a rank's communicator holds them,
+  // so that contexts made and destroyed over one long-lived communicator leave nothing behind.
+  std::shared_ptr<Channel> channel(const std::string& key) { return held(channels_, &channels_swept_, key); }
+  std::shared_ptr<Board> board(const std::string& key) { return held(boards_, &boards_swept_, key); }
   // The key of rank `rank`'s next communicator made straight from the group.
   std::string next_root_key(int rank) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,8 +175,27 @@ class LocalGroup {
   std::mutex mu_;
   MemoryStore store_;
   std::map<std::string, std::shared_ptr<LocalGroup>> successors_;
-  std::map<std::string, std::shared_ptr<Channel>> channels_;
-  std::map<std::string, std::shared_ptr<Board>> boards_;
+  std::map<std::string, std::weak_ptr<Channel>> channels_;
+  std::map<std::string, std::weak_ptr<Board>> boards_;
+
+  // The live object named `key` in `objects`, made if none lives; entries whose objects died are
+  // dropped on the way (a sweep every time the map doubles keeps it as large as what lives).
+  template <class T>
+  std::shared_ptr<T> held(std::map<std::string, std::weak_ptr<T>>& objects, size_t* swept, const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<T> o = objects[key].lock();
+    if (!o) {
+      o = std::make_shared<T>(n_);
+      objects[key] = o;
+    }
+    if (objects.size() >= 2 * *swept) {
+      for (auto it = objects.begin(); it != objects.end();)
+        it = it->second.expired() ? objects.erase(it) : std::next(it);
+      *swept = std::max<size_t>(16, objects.size());
+    }
+    return o;
+  }
+  size_t channels_swept_ = 16, boards_swept_ = 16;
   std::vector<uint64_t> made_;
 };
 
