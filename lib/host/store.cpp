@@ -241,11 +241,13 @@ class TcpStore final : public Store {
     return "the rendezvous store at " + where_ + " (key '" + key + "')";
   }
   // A request cut short left the connection out of step: a new one replaces it (the server ends the
-  // old one's thread), or the store is out of reach.
+  // old one's thread), or the store is out of reach. A store that answered before is there at once
+  // or gone (its process died): a second is enough to tell, so that nothing that touches a dead
+  // store (a join watch, ddp_destroy waiting for it, ddp_recover) waits the longer bounds.
   void usable(Deadline dl) {
     if (!broken_) return;
     try {
-      s_ = tcp::connect_to(host_, port_, Deadline::earlier(dl, Deadline::after_ms(5000)),
+      s_ = tcp::connect_to(host_, port_, Deadline::earlier(dl, Deadline::after_ms(1000)),
                            "the rendezvous store at " + where_ + " (connecting again)");
       broken_ = false;
     } catch (const Error& e) {
