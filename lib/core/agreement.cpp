@@ -40,18 +40,12 @@ struct FirstDiff {
 };
 
 uint64_t registration_hash(const std::vector<GradSpec>& specs) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over (numel, dtype | flags << 8) of every grad
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
+  Digest d;  // over (numel, dtype | flags << 8) of every grad
   for (const GradSpec& s : specs) {
-    mix(s.numel);
-    mix(static_cast<uint64_t>(s.dtype) | (static_cast<uint64_t>(s.flags) << 8));
+    d.mix(s.numel);
+    d.mix(static_cast<uint64_t>(s.dtype) | (static_cast<uint64_t>(s.flags) << 8));
   }
-  return h;
+  return d.h;
 }
 
 RegEntry entry_of(const GradSpec& s) { return RegEntry{s.numel, static_cast<uint32_t>(s.dtype), s.flags}; }
@@ -185,10 +179,9 @@ JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradS
     knobs::wire_knobs(k);
     for (int i = 0; i < knobs::kNumWireKnobs; ++i) c.wire_knobs[i] = k[i].value;
   }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the summary's bytes
-  const unsigned char* b = reinterpret_cast<const unsigned char*>(&c);
-  for (size_t i = 0; i < sizeof c; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return JoinTerms{h, registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0};
+  Digest summary;
+  summary.add(&c, sizeof c);
+  return JoinTerms{summary.h, registration_hash(specs), static_cast<int64_t>(specs.size()), hook ? 1 : 0};
 }
 
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl) {
@@ -221,11 +214,14 @@ void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hoo
   report_difference(ref, diffs);
 }
 
+void check_aligned(const void* p, size_t align, const char* dtype, const std::string& what) {
+  if (p && reinterpret_cast<uintptr_t>(p) % align != 0)
+    fail(DDP_ERR_INVALID_ARGUMENT, "%s at %p is not aligned to its dtype: %s needs %zu-byte alignment", what.c_str(), p,
+         dtype, align);
+}
+
 void check_grad_aligned(const void* grad, Dtype d, int index) {
-  const size_t align = dtype_size(d);
-  if (grad && reinterpret_cast<uintptr_t>(grad) % align != 0)
-    fail(DDP_ERR_INVALID_ARGUMENT, "grad %d at %p is not aligned to its dtype: %s needs %zu-byte alignment", index,
-         grad, dtype_name(d), align);
+  check_aligned(grad, dtype_size(d), dtype_name(d), "grad " + std::to_string(index));
 }
 
 void ClaimedMemory::claim(int index, const void* grad, size_t numel, Dtype d) {

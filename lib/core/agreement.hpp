@@ -61,8 +61,24 @@ JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradS
 // comm hook (`hook`) or none: one exchange for both.
 void agree_registration(Comm& ctrl, const std::vector<GradSpec>& specs, bool hook, Deadline dl);
 
-// A grad's own checks on this rank (no exchange): its pointer is aligned to its element (the element
-// loops load whole elements), at registration and whenever the pointer moves.
+// FNV-1a, the digest of what the ranks compare in one exchange: mix() each value's 8 bytes, or add()
+// raw bytes.
+struct Digest {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  void mix(uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xffu)) * 1099511628211ull;
+  }
+};
+
+// `what` ("grad 3", "buf") at `p` holds elements of `align` bytes of type `dtype`: the element loops
+// load whole elements, so `p` must be aligned to them (DDP_ERR_INVALID_ARGUMENT otherwise).
+void check_aligned(const void* p, size_t align, const char* dtype, const std::string& what);
+// A grad's own checks on this rank (no exchange): its pointer is aligned to its element, at
+// registration and whenever the pointer moves.
 void check_grad_aligned(const void* grad, Dtype d, int index);
 // The memory the registered grads claim, so that no byte is claimed twice (one buffer registered twice
 // would be reduced twice). Kept sorted by address: a registration costs O(log n), not a scan.

@@ -451,9 +451,7 @@ void check_buffer(const void* buf, size_t count, Dtype d) {
   if (count > static_cast<size_t>(PTRDIFF_MAX) / es)
     fail(DDP_ERR_INVALID_ARGUMENT, "%zu elements of %s are more bytes than an address space holds", count,
          dtype_name(d));
-  if (reinterpret_cast<uintptr_t>(buf) % es != 0)
-    fail(DDP_ERR_INVALID_ARGUMENT, "buf at %p is not aligned to its dtype: %s needs %zu-byte alignment", buf,
-         dtype_name(d), es);
+  check_aligned(buf, es, dtype_name(d), "buf");
 }
 
 // ddp_comm_allreduce's arguments, the same on every rank of a host comm that does not compare them

@@ -100,9 +100,7 @@ void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
     fail(DDP_ERR_INVALID_ARGUMENT, "op %d is not a ddp_op_t (DDP_OP_SUM, _AVG, _MAX or _MIN)", op);
   if (count > 0 && !buf) fail(DDP_ERR_INVALID_ARGUMENT, "buf is NULL for %zu elements", count);
   const size_t es = host_dtype_size(dtype);
-  if (reinterpret_cast<uintptr_t>(buf) % es != 0)
-    fail(DDP_ERR_INVALID_ARGUMENT, "buf at %p is not aligned to its dtype: %s needs %zu-byte alignment", buf,
-         host_dtype_name(dtype), es);
+  check_aligned(buf, es, host_dtype_name(dtype), "buf");
   if (count > (size_t(1) << 31) / es / static_cast<size_t>(world_))
     fail(DDP_ERR_INVALID_ARGUMENT,
          "%zu elements of %s is too large for the control path (every rank's buffer "
@@ -123,32 +121,17 @@ void Context::allreduce_host(void* buf, size_t count, int dtype, int op) {
   });
 }
 
-namespace {
-
-// FNV-1a over the (count, dtype) of every buffer of a ddp_broadcast.
-uint64_t broadcast_digest(const size_t* counts, const ddp_dtype_t* dtypes, int n) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  for (int i = 0; i < n; ++i) {
-    mix(counts[i]);
-    mix(static_cast<uint64_t>(enum_value(dtypes[i])));
-  }
-  return h;
-}
-
-}  // namespace
-
 void Context::agree_broadcast(const size_t* counts, const ddp_dtype_t* dtypes, int n, int root) {
   CallRecord mine;
   mine.kind = kBroadcast;
   mine.dtype = n;
   mine.op = root;
-  mine.count = broadcast_digest(counts, dtypes, n);
+  Digest digest;  // every buffer's (count, dtype)
+  for (int i = 0; i < n; ++i) {
+    digest.mix(counts[i]);
+    digest.mix(static_cast<uint64_t>(enum_value(dtypes[i])));
+  }
+  mine.count = digest.h;
   const std::vector<CallRecord> all = exchange_call(mine, false);
   bool same = true;
   for (const CallRecord& r : all) same = same && r.count == mine.count;
