@@ -130,11 +130,27 @@ typedef enum ddp_compression {
    * minus what it sent) is kept by the library, 4 bytes per element (counted in library_bytes), and
    * added to that rank's next input for the bucket, so roundings do not pile up into a bias; the
    * reduce-scatter keeps the re-quantization's loss of each shard the same way (4 bytes per element
-   * of this rank's shard). Each reduced value is the exact result within (this iteration's plus the
-   * last one's rounding error) per rank, each at most a block's largest magnitude / 254 (the
-   * reduce-scatter adds the same bound once more, for the re-quantized sum), and the average over
-   * iterations converges to the exact average. A block holding a NaN or an Inf (or, in f64 buckets,
-   * a magnitude past the fp32 range) becomes NaN on every rank, never hidden; its error is dropped.
+   * of this rank's shard). The error, one formula for both collectives: for an element of block B
+   * (256 elements counted from the bucket's start) of a bucket reduced over W ranks, in its t-th
+   * reduction since its plan was made (ddp_create, the learned plan's adoption, ddp_recover, a
+   * join: t = 0 owes nothing),
+   *     x_r      rank r's value: its grad, divided by gradient_predivide_factor
+   *     a_r(t)   the largest |x_r| in block B on rank r
+   *     m_r(t) = a_r(t) + e_r(t-1),      e_r(t) = k m_r(t) + 2^-142,      e_r(-1) = 0
+   *     S      = the reduced sum (before gradient_average's multiplication by f / W)
+   *     |S - sum_r x_r|  <=  sum_r (e_r(t) + e_r(t-1))  +  2 (W + 1) u sum_r m_r(t)
+   *                       [ + E(t) + E(t-1) + 2 u M(t) with the reduce-scatter, where
+   *                         M(t) = (1 + 2^-10) sum_r m_r(t) + E(t-1),  E(t) = k M(t) + 2^-142,  E(-1) = 0 ]
+   * with k = (1 + 2^-10) / 254 (half a step of a block's scale, max / 127, plus fp32's roundings),
+   * u = 2^-24 in f32 buckets and 2^-53 in f64 ones (the sum's own roundings), and 2^-142 for scales
+   * below fp32's normal range. e_r(t) bounds what rank r keeps (its rounding error), E(t) what the
+   * shard's owner keeps of the re-quantized sum; gradient_average's multiplication rounds once more
+   * (u of the result). The errors telescope: over iterations the average of the reduced values
+   * converges to the exact average. A block holding a NaN or an Inf, or in f64 buckets a magnitude
+   * past the fp32 range (> FLT_MAX, about 3.4e38) in what a rank quantizes (its values plus its
+   * kept errors, or with the reduce-scatter the shard's sum it re-quantizes), becomes NaN on every
+   * rank, never hidden; its kept errors are dropped. (An f64 sum past that range that is not
+   * re-quantized, with the all-gather, is carried as any other value.)
    * Bytes on the wire per rank: about 0.25x those of the fp32 ring at any world size with the
    * reduce-scatter (2 (world - 1) / world x (n + n/64) against 2 (world - 1) / world x 4n); the
    * all-gather's (world - 1) x (n + n/64) is the same at 2 ranks. Host memory and NCCL alike (on

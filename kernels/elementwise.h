@@ -171,6 +171,8 @@ DDP_HD bool is_nonfinite(typename T::storage v) {
 // and kInt8Block int8 values. A rank's chunk of a bucket of n elements holds every block's scale
 // first, then the n values, padded to 8 bytes.
 constexpr unsigned kInt8Block = 256;
+// The largest finite fp32 value (FLT_MAX), spelled out so that device code needs no <cfloat>.
+constexpr double kMaxF32 = 3.4028234663852886e38;
 
 DDP_HD size_t int8_blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
 DDP_HD size_t int8_chunk_bytes(size_t n) { return (int8_blocks(n) * 4 + n + 7) / 8 * 8; }
@@ -183,7 +185,7 @@ DDP_HD double round_small(double v) { return (v + 6755399441055744.0) - 67553994
 // Quantizes one block of n <= kInt8Block elements with error feedback: y = x + residual is sent as
 // q * scale, q = round(y / scale) in -127..127, scale = max |y| / 127, and the residual becomes
 // y - q * scale (what this rank still owes). A block with a NaN or Inf (or an f64 magnitude past
-// the fp32 range) is sent with a NaN scale, so that it arrives as NaN everywhere, and its residual
+// the fp32 range, > kMaxF32) is sent with a NaN scale, so that it arrives as NaN everywhere, and its residual
 // is dropped. Branch-free loops over a block held in registers or L1, so that they vectorize.
 template <class T>
 DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, size_t n, float* scale, int8_t* q) {
@@ -207,8 +209,11 @@ DDP_HD void int8_quantize_block(const typename T::storage* x, float* residual, s
     poison += lane_poison[k];
     amax = lane_max[k] > amax ? lane_max[k] : amax;
   }
+  // A magnitude past the fp32 range (an f64 block's; an f32 one past it is an Inf) cannot travel as
+  // q * an fp32 scale: its scale may still be finite (max / 127 fits up to ~4.3e40), and the block
+  // would come back finite and wrong. Such a block is poisoned like one holding an Inf.
   const float s = static_cast<float>(amax / M(127));
-  if (poison != M(0) || s - s != 0.0f) {
+  if (poison != M(0) || !(amax <= static_cast<M>(kMaxF32)) || s - s != 0.0f) {
     *scale = bits_f32(0x7fc00000u);  // a quiet NaN
     for (size_t i = 0; i < n; ++i) {
       q[i] = 0;

@@ -4,7 +4,7 @@
 #   make suite-features
 FEATURES_BIN := $(BUILD)/tests/mpi_features
 
-$(FEATURES_BIN): tests/mpi/mpi_features.cpp tests/support/int8_model.hpp tests/support/reference.hpp tests/support/mpi_harness.hpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
+$(FEATURES_BIN): tests/mpi/mpi_features.cpp tests/support/int8_model.hpp tests/support/int8_bound.hpp tests/support/reference.hpp tests/support/mpi_harness.hpp include/ddp.h $(BUILD)/lib/libddp.so.$(MAJOR)
 	$(call say,CXX,$<)
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) -std=c++17 $(OPT) $(SAN) $(WARN) -Iinclude -DOMPI_SKIP_MPICXX=1 $(MPI_CFLAGS) $< -o $@ -L$(BUILD)/lib -lddp \

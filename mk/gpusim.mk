@@ -75,7 +75,7 @@ SIM_SHARD_BIN := $(BUILD)/tests/mpi_nccl_shard
 SIM_FEATURES_BIN := $(BUILD)/tests/mpi_nccl_features
 $(SIM_MPI_BIN): tests/mpi/mpi_reduce.cpp
 $(SIM_SHARD_BIN): tests/mpi/mpi_shard.cpp
-$(SIM_FEATURES_BIN): tests/mpi/mpi_features.cpp tests/support/int8_model.hpp
+$(SIM_FEATURES_BIN): tests/mpi/mpi_features.cpp tests/support/int8_model.hpp tests/support/int8_bound.hpp
 $(SIM_MPI_BIN) $(SIM_SHARD_BIN) $(SIM_FEATURES_BIN): tests/support/reference.hpp tests/support/mpi_harness.hpp $(BUILD)/lib/libddp.so
 	$(call say,CXX,$(filter %.cpp,$^))
 	@mkdir -p $(dir $@)

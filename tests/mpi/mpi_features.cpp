@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 
 #include "ddp.h"
 #include "../support/mpi_harness.hpp"
+#include "../support/int8_bound.hpp"
 #include "../support/int8_model.hpp"
 #include "../support/reference.hpp"
 
@@ -572,8 +574,8 @@ void test_compression(uint64_t seed) {
 
 // --- the int8 wire ---------------------------------------------------------------------------------
 // The int8 wire (DDP_COMPRESS_INT8), host or device memory: grads of per-grad magnitudes (so that blocks span grads of
-// different scales), checked against a bound built from each 256-element block's largest magnitude on
-// each rank, this iteration's and the last one's (the rounding sent now and the one fed back).
+// different scales), every reduced value checked against the header's bound itself (tests/support/int8_bound.hpp:
+// the formula of include/ddp.h, from the inputs alone).
 
 struct Int8Model {
   std::vector<size_t> numel;
@@ -583,9 +585,16 @@ struct Int8Model {
   std::vector<int> index;
   std::vector<int> bucket;     // per grad
   std::vector<size_t> offset;  // per grad: its first element's place in its bucket
+  struct Plant {
+    int rank = -1, it = -1;
+    size_t g = 0, i = 0;
+    double v = 0;
+  } plant;  // one value put in place of the random one
 };
 
 double int8_input(uint64_t seed, int rank, int it, const Int8Model& m, size_t g, size_t i) {
+  const Int8Model::Plant& p = m.plant;
+  if (p.rank == rank && p.it == it && p.g == g && p.i == i) return p.v;
   return ref::quantize(ref::raw_value(seed, rank, it, static_cast<int>(g), i) * m.mag[g], m.dtype[g]);
 }
 
@@ -658,9 +667,11 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
   ddp_t d = nullptr;
   EXPECT_OK(ddp_create(g_comm, &cfg, &d));
   const Closer closer{d};
-  // The reduce-scatter (from world 3, by default) re-quantizes each shard's sum and feeds that
-  // rounding back too: a second error of the same size, bounded by the sum of the ranks' block maxima.
+  // The mean's bound below: the reduce-scatter (from world 3, by default) re-quantizes each shard's
+  // sum and feeds that rounding back too, a second error of the same size.
   const double requant = g_world >= 3 ? 2.0 : 1.0;
+  const double pre = cfg.gradient_predivide_factor, post = pre / g_world;
+  std::vector<int8_bound::Int8Bound> bounds;  // per bucket, made once the plan of iteration 0 is known
   // m.copy[g]: the host image of grad g, written to and read back from its storage (device memory
   // over NCCL), which the copy layout allocates here and the arena layout names.
   m.copy.resize(m.numel.size());
@@ -698,6 +709,19 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
     EXPECT_OK(ddp_finish_backward(d, nullptr));
     // A learned plan is adopted at the end of iteration 0, before that iteration's reduction.
     if (it == 0 && !int8_layout(d, m, why)) return false;
+    if (it == 0) {
+      int nb = 0;
+      EXPECT_OK(ddp_get_plan(d, &nb, nullptr));
+      std::vector<size_t> bn(static_cast<size_t>(nb), 0);
+      std::vector<bool> f32(static_cast<size_t>(nb), true);
+      for (size_t g = 0; g < m.numel.size(); ++g) {
+        bn[static_cast<size_t>(m.bucket[g])] += m.numel[g];
+        f32[static_cast<size_t>(m.bucket[g])] = m.dtype[g] == DDP_F32;
+      }
+      for (int b = 0; b < nb; ++b)
+        bounds.emplace_back(bn[static_cast<size_t>(b)], g_world, f32[static_cast<size_t>(b)],
+                            int8_model::scatters(bn[static_cast<size_t>(b)], g_world, 3));
+    }
     for (size_t g = 0; g < m.numel.size(); ++g) m.copy[g] = grad_read(storage(g), m.copy[g].size());
     std::vector<char> reduced;
     for (size_t g = 0; g < m.numel.size(); ++g)
@@ -706,20 +730,31 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
     if (compression != DDP_COMPRESS_INT8) continue;  // (the uncompressed run only counts bytes)
     std::vector<std::map<std::pair<int, size_t>, double>> now(static_cast<size_t>(g_world));
     for (int r = 0; r < g_world; ++r) now[static_cast<size_t>(r)] = int8_block_max(seed, r, in, m);
+    // The header's bound per bucket element, from every rank's values (grad / predivide factor).
+    std::vector<std::vector<double>> bound_of(bounds.size());
+    for (size_t b = 0; b < bounds.size(); ++b) {
+      size_t bn = 0;
+      for (size_t g = 0; g < m.numel.size(); ++g)
+        if (m.bucket[g] == static_cast<int>(b)) bn += m.numel[g];
+      std::vector<std::vector<double>> xs(static_cast<size_t>(g_world), std::vector<double>(bn));
+      for (size_t g = 0; g < m.numel.size(); ++g)
+        if (m.bucket[g] == static_cast<int>(b))
+          for (int r = 0; r < g_world; ++r)
+            for (size_t i = 0; i < m.numel[g]; ++i) {
+              double v = int8_input(seed, r, in, m, g, i);
+              if (it == nan_at && r == g_world - 1 && g == 0 && i == 0) v = 0;  // (its block is skipped)
+              xs[static_cast<size_t>(r)][m.offset[g] + i] = v / pre;
+            }
+      bound_of[b] = bounds[b].step(xs);
+    }
     for (size_t g = 0; g < m.numel.size(); ++g)
       for (size_t i = 0; i < m.numel[g]; ++i) {
         const std::pair<int, size_t> block{m.bucket[g], (m.offset[g] + i) / 256};
-        double want = 0, mag = 0, bound = 0;
-        for (int r = 0; r < g_world; ++r) {
-          const double v = int8_input(seed, r, in, m, g, i);
-          want += v;
-          mag += std::fabs(v);
-          // The plan of iteration 0 may differ from the one learned after it: no feedback bound there.
-          const double last = it > 0 ? prev[static_cast<size_t>(r)][block] : now[static_cast<size_t>(r)][block];
-          bound += (now[static_cast<size_t>(r)][block] + last) * 1.02 / 254.0;
-        }
-        bound *= requant;
-        const double got = ref::load(ptr(g), i, m.dtype[g]) * g_world;
+        double want = 0;
+        for (int r = 0; r < g_world; ++r) want += int8_input(seed, r, in, m, g, i) / pre;
+        const double u = m.dtype[g] == DDP_F32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
+        const double result = ref::load(ptr(g), i, m.dtype[g]), got = result * g_world;
+        const double bound = post * bound_of[static_cast<size_t>(m.bucket[g])][m.offset[g] + i] + u * std::fabs(result);
         if (it == nan_at && g == 0 && i == 0) {
           if (!std::isnan(got)) {
             *why = "iteration " + std::to_string(it) + ": a NaN input gave " + std::to_string(got);
@@ -728,10 +763,12 @@ bool int8_case(const Layout& l, int compression, uint64_t seed, int iters, int p
           continue;
         }
         if (it == nan_at && block.first == m.bucket[0] && block.second == m.offset[0] / 256) continue;  // NaN block
-        if (!(std::fabs(got - want) <= bound + 1e-6 * mag + 1e-30)) {
-          *why = "iteration " + std::to_string(it) + ", grad " + std::to_string(g) + "[" + std::to_string(i) +
-                 "] (dtype " + std::to_string(m.dtype[g]) + "): sum " + std::to_string(got) + ", want " +
-                 std::to_string(want) + " within " + std::to_string(bound);
+        if (!(std::fabs(result - post * want) <= bound)) {
+          char text[256];
+          std::snprintf(text, sizeof text,
+                        "iteration %d, grad %zu[%zu] (dtype %d): %.17g, exact %.17g, past the header's bound %.17g", it,
+                        g, i, static_cast<int>(m.dtype[g]), result, post * want, bound);
+          *why = text;
           return false;
         }
         if (mean && it > 0) sum[g][i] += got;  // (iteration 0 starts the feedback from nothing)
@@ -781,6 +818,19 @@ bool int8_exact_case(int arena, int min_world, uint64_t seed, int iters, uint64_
     m.dtype.push_back(g == 0 || shared() % 3 ? DDP_F32 : DDP_F64);
     m.mag.push_back(std::ldexp(1.0, static_cast<int>(shared() % 13) - 6));
   }
+  // Iteration 2: a magnitude past the fp32 range (FLT_MAX to 1e300) in one rank's f64 grad, if any:
+  // its block is NaN everywhere (the model says which), the next iteration clean.
+  for (size_t g = 0; g < m.numel.size(); ++g)
+    if (m.dtype[g] == DDP_F64) {
+      const double lo = std::log10(std::nextafter(static_cast<double>(FLT_MAX), INFINITY));
+      m.plant.rank = static_cast<int>(shared() % static_cast<uint64_t>(g_world));
+      m.plant.it = 2;
+      m.plant.g = g;
+      m.plant.i = shared() % m.numel[g];
+      m.plant.v =
+          (shared() % 2 ? 1 : -1) * std::pow(10.0, lo + (300 - lo) * static_cast<double>(shared() % 1000) / 999);
+      break;
+    }
   setenv("DDP_INT8_SCATTER_MIN_WORLD", std::to_string(min_world).c_str(), 1);
   ddp_config_t cfg = DDP_CONFIG_INITIALIZER;
   cfg.layout = arena;
@@ -857,7 +907,13 @@ bool int8_exact_case(int arena, int min_world, uint64_t seed, int iters, uint64_
         const std::vector<char> got = grad_read(storage(g), m.copy[g].size());
         for (size_t i = 0; i < m.numel[g]; ++i) {
           const double v = ref::load(got.data(), i, m.dtype[g]), w = want[m.offset[g] + i];
-          if (!(v == w && std::signbit(v) == std::signbit(w))) {
+          const bool same = std::isnan(v) ? std::isnan(w) : v == w && std::signbit(v) == std::signbit(w);
+          if (it == m.plant.it && g == m.plant.g && i == m.plant.i && !std::isnan(v)) {
+            *why = "iteration " + std::to_string(it) + ": a magnitude of " + std::to_string(m.plant.v) +
+                   " in an f64 grad came back finite: " + std::to_string(v);
+            return false;
+          }
+          if (!same) {
             char text[256];
             std::snprintf(text, sizeof text,
                           "iteration %d, bucket %d (%s, %zu elements, %s), grad %zu[%zu]: %.17g, the model %.17g", it,
@@ -883,11 +939,12 @@ void test_int8_exact(uint64_t seed) {
     const uint64_t s = seed + static_cast<uint64_t>(arena) * 7919;
     std::string why;
     uint64_t by_gather = 0, by_scatter = 0;
-    record("int8 exact: the all-gather equals the float64 model bit for bit" + name,
+    record("int8 exact: the all-gather equals the float64 model bit for bit, an f64 magnitude past FLT_MAX NaN" + name,
            int8_exact_case(arena, 1 << 30, s, 4, &by_gather, &why), why);
     why.clear();
-    record("int8 exact: the reduce-scatter equals the float64 model bit for bit" + name,
-           int8_exact_case(arena, 1, s, 4, &by_scatter, &why), why);
+    record(
+        "int8 exact: the reduce-scatter equals the float64 model bit for bit, an f64 magnitude past FLT_MAX NaN" + name,
+        int8_exact_case(arena, 1, s, 4, &by_scatter, &why), why);
     // At world 3 and above the reduce-scatter sends fewer bytes: 2 (world - 1) shards of a chunk of
     // about chunk / world, against (world - 1) whole chunks (grad 0's bucket gains; a bucket too small
     // to gain all-gathers either way).

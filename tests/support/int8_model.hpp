@@ -6,10 +6,12 @@
 // fp32 reciprocal divides instead); kept error = y - q * scale; the sum adds q * scale rank after
 // rank. The reduce-scatter cuts the bucket into `world` shards of whole blocks, shard j from block
 // floor(blocks * j / world); its owner re-quantizes the sum with kept errors of its own, and every
-// rank takes the dequantized result. Finite inputs only.
+// rank takes the dequantized result. A block with a NaN, an Inf or a magnitude past the fp32 range
+// (f64 buckets) in what is quantized (a rank's input, or a shard's sum) is NaN, its errors dropped.
 #pragma once
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -28,10 +30,17 @@ inline Int8Quant model_quantize(const double* x, double* residual, size_t n, boo
   double amax = 0;
   for (size_t i = 0; i < n; ++i) {
     y[i] = r32(x[i] + residual[i]);
-    amax = std::max(amax, std::fabs(y[i]));
+    amax = std::isnan(y[i]) ? y[i] : std::max(amax, std::fabs(y[i]));
   }
   Int8Quant out;
   out.q.assign(n, 0);
+  // A NaN, an Inf or a magnitude past the fp32 range: the block travels as a NaN scale, its kept
+  // errors dropped.
+  if (!(amax <= static_cast<double>(FLT_MAX))) {
+    out.scale = std::nan("");
+    for (size_t i = 0; i < n; ++i) residual[i] = 0.0;
+    return out;
+  }
   const double s = static_cast<float>(r32(amax / 127.0));
   out.scale = s;
   const double inv = s > 0 ? r32(1.0 / s) : 0.0;

@@ -126,6 +126,28 @@ TEST_CASE("ddp_comm_allreduce: counts or dtypes that differ between ranks fail e
   }
 }
 
+// Nothing to reduce on every rank is a collective like any other: each rank meets the others and
+// returns success, with a NULL buffer or not (under UBSan this once passed a NULL pointer to memcpy).
+TEST_CASE("ddp_comm_allreduce: 0 elements on every rank, NULL buffers or not, every dtype and op: success") {
+  const ddp_dtype_t dtypes[] = {DDP_F16, DDP_BF16, DDP_F32, DDP_F64};
+  for (int world = 1; world <= 3; ++world)
+    for (ddp_dtype_t dt : dtypes)
+      for (ddp_op_t op : {DDP_OP_SUM, DDP_OP_AVG}) {
+        std::vector<Got> got(static_cast<size_t>(world));
+        on_ranks(world, [&](int rank, ddp_comm_t comm) {
+          double spare = 7.0;
+          void* buf = rank % 2 ? nullptr : &spare;
+          got[static_cast<size_t>(rank)].status = ddp_comm_allreduce(comm, buf, 0, dt, op, nullptr);
+          got[static_cast<size_t>(rank)].message = ddp_last_error();
+          return spare == 7.0;
+        });
+        for (const Got& g : got) {
+          CAPTURE(g.message);
+          CHECK(g.status == DDP_SUCCESS);
+        }
+      }
+}
+
 namespace {
 
 // Rank 1's hook reduces half the bucket, or its elements as another type.

@@ -10,6 +10,8 @@
 #define DDP_ELEM_CONTRACTS 1
 #include <doctest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -161,6 +163,26 @@ TEST_CASE("int8: f64 buckets: fp64 math; magnitudes past fp32's range give NaN, 
   x[3] = 1e300;
   host::int8_quantize(x.data(), Dtype::F64, n, residual.data(), c.bytes.data());
   CHECK(std::isnan(c.scale(0)));
+  // Every magnitude past FLT_MAX, not only those whose scale (max / 127) overflows fp32 (from about
+  // 4.3e40): 1e39 once came back as 9.99999969e38 and its block's small values as zeros.
+  x[3] = -1.5e-3;
+  const double above = std::nextafter(static_cast<double>(FLT_MAX), INFINITY);
+  for (int k = 0; k <= 200; ++k) {
+    const double v = k == 0 ? above : std::pow(10.0, std::log10(above) + (300 - std::log10(above)) * k / 200.0);
+    for (double sign : {1.0, -1.0}) {
+      std::fill(residual.begin(), residual.end(), 0.25f);
+      x[7] = sign * v;
+      host::int8_quantize(x.data(), Dtype::F64, n, residual.data(), c.bytes.data());
+      CAPTURE(v);
+      CHECK(std::isnan(c.scale(0)));
+      CHECK(std::all_of(residual.begin(), residual.end(), [](float e) { return e == 0.0f; }));  // dropped
+    }
+  }
+  x[7] = FLT_MAX;  // the largest magnitude that travels
+  host::int8_quantize(x.data(), Dtype::F64, n, residual.data(), c.bytes.data());
+  CHECK(std::isfinite(c.scale(0)));
+  host::int8_dequant_sum(c.bytes.data(), c.bytes.size(), 1, n, Dtype::F64, out.data());
+  CHECK(std::fabs(out[7] - FLT_MAX) <= 0.5 * c.scale(0) * (1 + 1e-6));
 }
 
 TEST_CASE("int8: a zero block sends zeros with scale 0") {

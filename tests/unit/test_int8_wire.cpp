@@ -4,6 +4,8 @@
 // bit for bit, at 1 to 4 ranks; and what each sends.
 #include <doctest.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -23,10 +25,29 @@ struct Int8Run {
   int arena = 0, iters = 3;
   size_t piece_bytes = 0;  // config.host_piece_bytes: small ones make the all-gather go in rounds
   uint64_t seed = 0;
+  struct Plant {
+    int rank, it;
+    size_t g, i;
+    double v;
+  };
+  std::vector<Plant> plants;  // values put in place of the random ones
+  struct Expect {
+    int it;
+    size_t g, i;
+    bool nan;
+  };
+  std::vector<Expect> expects;  // results that must be NaN (or must not), whatever the model says
 };
 
 double input(const Int8Run& m, int rank, int it, size_t g, size_t i) {
+  for (const Int8Run::Plant& p : m.plants)
+    if (p.rank == rank && p.it == it && p.g == g && p.i == i) return p.v;
   return ref::quantize(ref::raw_value(m.seed, rank, it, static_cast<int>(g), i) * m.mag[g], m.dtype[g]);
+}
+
+// Equal bits, or both NaN (a NaN's sign and payload are not promised).
+bool same_value(double v, double w) {
+  return std::isnan(v) ? std::isnan(w) : v == w && std::signbit(v) == std::signbit(w);
 }
 
 // One rank: registers the grads (one bucket per dtype: message_size holds them all), runs the
@@ -105,14 +126,23 @@ bool int8_rank(int r, int world, ddp_comm_t c, const Int8Run& m, int min_world, 
         if (bucket_of[g] != b) continue;
         for (size_t i = 0; i < m.numel[g]; ++i) {
           const double v = ref::load(ptr(g), i, m.dtype[g]), w = want[offset[g] + i];
-          if (v != w || std::signbit(v) != std::signbit(w)) {
+          if (!same_value(v, w)) {
             if (r == 0)
-              MESSAGE("world ", world, (scatter ? " reduce-scatter" : " all-gather"), " iteration ", it, " grad ", g,
-                      "[", i, "]: ", v, ", the model ", w);
+              MESSAGE("world ", world, std::string(scatter ? " reduce-scatter" : " all-gather"), " iteration ", it,
+                      " grad ", g, "[", i, "]: ", v, ", the model ", w);
             ok = false;
             break;
           }
         }
+      }
+    }
+    for (const Int8Run::Expect& e : m.expects) {
+      if (!ok || e.it != it) continue;
+      const double v = ref::load(ptr(e.g), e.i, m.dtype[e.g]);
+      if (std::isnan(v) != e.nan) {
+        MESSAGE("rank ", r, " of ", world, " iteration ", it, " grad ", e.g, "[", e.i, "]: ", v, ", want ",
+                e.nan ? "NaN" : "a finite value");
+        ok = false;
       }
     }
   }
@@ -207,6 +237,54 @@ TEST_CASE("int8 wire: rounds of several host tiles, grads that straddle tiles an
       m.piece_bytes = 40960;  // rounds of 40 f32 blocks, 2.5 tiles of 16
       run_group(world, m, 1 << 30);
     }
+}
+
+// The past-fp32 rule (include/ddp.h, DDP_COMPRESS_INT8): in an f64 bucket, a magnitude past FLT_MAX
+// in what a rank quantizes cannot travel with an fp32 scale. Its block must come back NaN on every
+// rank, on every path (the all-gather whole and in rounds, the reduce-scatter, copy and arena),
+// for any such magnitude: up to about 4.3e40 the scale (max / 127) still fits in fp32, which once
+// let a whole block come back finite and wrong. The next iteration is clean (the error dropped); FLT_MAX
+// itself travels; a sum past FLT_MAX is NaN where it is re-quantized (reduce-scatter) and carried
+// where it is not (all-gather). Every other value equals the float64 model bit for bit.
+TEST_CASE("int8 wire: an f64 magnitude from FLT_MAX to 1e300 makes its block NaN on every rank, every path") {
+  std::mt19937_64 rng(3838);
+  const double above = std::nextafter(static_cast<double>(FLT_MAX), INFINITY);
+  int trial = 0;
+  for (int world = 2; world <= 4; ++world)
+    for (int path = 0; path < 3; ++path)
+      for (int arena = 0; arena <= 1; ++arena, ++trial) {
+        Int8Run m;
+        m.seed = rng();
+        m.arena = arena;
+        m.iters = 4;
+        m.piece_bytes = path == 1 ? 4096 : 0;
+        m.numel = {700 + rng() % 3000, 1 + rng() % 600, 1 + rng() % 900};
+        m.dtype = {DDP_F64, DDP_F32, DDP_F64};
+        m.mag = {0.37, 1.0, 1e-3};
+        // Iteration 1: one rank's magnitude past FLT_MAX: the smallest, the report's 1e39, then
+        // log-uniform up to 1e300, either sign.
+        const double lo = std::log10(above);
+        double v = trial == 0 ? above : trial == 1 ? 1e39 : std::pow(10.0, lo + (300 - lo) * (rng() % 1000) / 999.0);
+        if (rng() % 2) v = -v;
+        const int who = static_cast<int>(rng() % static_cast<uint64_t>(world));
+        const size_t at = rng() % m.numel[0];
+        m.plants.push_back({who, 1, 0, at, v});
+        m.expects.push_back({1, 0, at, true});
+        m.expects.push_back({2, 0, at, false});  // the next iteration is clean
+        // Iteration 2: FLT_MAX itself on one rank travels (with the all-gather; re-quantizing a sum
+        // that rounds past it is the next case).
+        if (path != 2) {
+          const size_t at2 = rng() % m.numel[2];
+          m.plants.push_back({static_cast<int>(rng() % static_cast<uint64_t>(world)), 2, 2, at2, FLT_MAX});
+          m.expects.push_back({2, 2, at2, false});
+        }
+        // Iteration 3: 2.5e38 on every rank: the sum passes FLT_MAX.
+        const size_t at3 = rng() % m.numel[0];
+        for (int r = 0; r < world; ++r) m.plants.push_back({r, 3, 0, at3, 2.5e38});
+        const bool requantized = path == 2 && int8_model::scatters(m.numel[0] + m.numel[2], world, 1);
+        m.expects.push_back({3, 0, at3, requantized});
+        run_group(world, m, path == 2 ? 1 : 1 << 30);
+      }
 }
 
 namespace {

@@ -18,6 +18,12 @@
 
 namespace ddp {
 
+// memcpy of n bytes where either pointer may be null when n is 0 (a rank with no elements passes
+// none), which memcpy itself does not allow.
+static void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+
 namespace {
 
 // What a rank calls on a channel: the collective, its element type (or root) and its size. Ranks
@@ -281,7 +287,7 @@ class LocalComm final : public Comm {
     char* p = static_cast<char*>(buf);
     post(p + static_cast<size_t>(rank_) * bytes, bytes, Shape{Op::Allgather, 0, bytes}, dl);
     for (int r = 0; r < size(); ++r)
-      if (r != rank_) std::memcpy(p + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
+      if (r != rank_) copy_bytes(p + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)], bytes);
     barrier(dl);
     wire_bytes()->allgather(bytes, size());
   }
@@ -291,8 +297,8 @@ class LocalComm final : public Comm {
     post(send, bytes * static_cast<size_t>(size()), Shape{Op::Alltoall, 0, bytes}, dl);
     const size_t mine = static_cast<size_t>(rank_) * bytes;
     for (int r = 0; r < size(); ++r)
-      std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes,
-                  static_cast<const char*>(channel_->posted[static_cast<size_t>(r)]) + mine, bytes);
+      copy_bytes(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes,
+                 static_cast<const char*>(channel_->posted[static_cast<size_t>(r)]) + mine, bytes);
     barrier(dl);
     wire_bytes()->alltoall(bytes, size());
   }
@@ -304,8 +310,8 @@ class LocalComm final : public Comm {
   void allgather_host(const void* in, void* out, size_t bytes, Deadline dl) override {
     post(in, bytes, Shape{Op::AllgatherHost, 0, bytes}, dl);
     for (int r = 0; r < size(); ++r)
-      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)],
-                  bytes);
+      copy_bytes(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, channel_->posted[static_cast<size_t>(r)],
+                 bytes);
     barrier(dl);
     wire_bytes()->allgather(bytes, size());
   }
@@ -313,7 +319,7 @@ class LocalComm final : public Comm {
   void broadcast_host(void* buf, size_t bytes, int root, Deadline dl) override {
     if (root < 0 || root >= size()) fail(DDP_ERR_INVALID_ARGUMENT, "broadcast root %d out of range", root);
     post(buf, rank_ == root ? bytes : 0, Shape{Op::Broadcast, root, bytes}, dl);
-    if (rank_ != root) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
+    if (rank_ != root && bytes) std::memmove(buf, channel_->posted[static_cast<size_t>(root)], bytes);
     barrier(dl);
     wire_bytes()->broadcast(bytes, size(), rank_, root);
   }
@@ -355,6 +361,7 @@ class LocalComm final : public Comm {
   // out[i] = the sum over ranks of posted[r][from + i], added in rank order (16-bit types in fp32
   // math, rounded after each addition, as the host ring does: a 16-bit wire of compressed buckets).
   void sum(void* out, size_t n, Dtype d, size_t from) {
+    if (n == 0) return;  // (a rank with no elements may pass no buffer: nothing to read or write)
     if (d == Dtype::F32) return sum<float>(out, n, from);
     if (d == Dtype::F64) return sum<double>(out, n, from);
     const size_t es = dtype_size(d);
@@ -384,7 +391,7 @@ class LocalComm final : public Comm {
       if (c.aborted) fail_aborted(c, rank_, size());
       std::vector<char>& mine = c.data[static_cast<size_t>(rank_)];
       if (mine.size() < bytes) mine.resize(bytes);
-      if (bytes) std::memcpy(mine.data(), buf, bytes);
+      copy_bytes(mine.data(), buf, bytes);
       c.posted[static_cast<size_t>(rank_)] = mine.data();
       c.shapes[static_cast<size_t>(rank_)] = shape;
     }
