@@ -123,8 +123,8 @@ bool bound_rank(int r, int world, ddp_comm_t c, const BoundRun& m, Worst* worst)
           const double err = std::fabs(got - post * exact), allowed = post * bound[offset[g] + i] + u * std::fabs(got);
           if (!(err <= allowed)) {
             MESSAGE("rank ", r, " of ", world, " iteration ", it, " grad ", g, "[", i, "] (",
-                    f32[static_cast<size_t>(b)] ? "f32" : "f64", "): ", got, ", exact ", post * exact, ", error ",
-                    err, " past the header's bound ", allowed);
+                    f32[static_cast<size_t>(b)] ? "f32" : "f64", "): ", got, ", exact ", post * exact, ", error ", err,
+                    " past the header's bound ", allowed);
             ok = false;
             break;
           }
