@@ -322,6 +322,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._buffers_due = True  # torch syncs buffers before the first forward too
         self._next_sync = True  # require_backward_grad_sync at the last training forward: the next backward's
         self._early_exit_check = False  # inside join(throw_on_early_termination=True)
+        self.num_iterations = 0  # torch's: training forward passes with sync on
         self._comm_hook = None  # (state, hook) of register_comm_hook
         self._buffer_hook = None  # (state, hook, location) of _register_buffer_comm_hook
         self._buffer_futures = []
@@ -874,12 +875,14 @@ class DistributedDataParallel(torch.nn.Module):
     def _set_static_graph(self):
         """torch's: the graph is the same in every iteration. The first iteration learns how many times each
         grad hook runs (a parameter used twice, as under reentrant checkpointing, is ready after its last
-        run) and which parameters are unused; call it before the first backward pass. Collective."""
+        run) and which parameters are unused; call it before the first training forward pass with sync on
+        (after it, RuntimeError with torch's message). Collective."""
         if self.static_graph:
             warnings.warn("libddp.torch: static_graph is set already")
             return
-        if self.ddp.stats.iterations or self._in_backward:
-            raise RuntimeError("libddp.torch: _set_static_graph must be called before the first backward pass")
+        if self.num_iterations or self.ddp.stats.iterations or self._in_backward:
+            raise RuntimeError("set_static_graph() should be called before training loop starts and after "
+                               "DistributedDataParallel is constructed.")
         if self.sharded:
             raise ValueError("libddp.torch: static_graph is not available with shard=True")
         self.static_graph = True
@@ -950,6 +953,7 @@ class DistributedDataParallel(torch.nn.Module):
             # iteration begins with that backward (a forward without one, as in a validation pass with grad
             # enabled, leaves nothing begun).
             self._next_sync = self.require_backward_grad_sync
+            self.num_iterations += int(self._next_sync)
         out = self.module(*args, **kwargs)
         if self._gathering:  # parameters of modules the forward did not run
             self.ddp.wait_params(-1, self._stream())
