@@ -15,6 +15,8 @@ Where torch.nn.parallel.DistributedDataParallel defines a behaviour, this module
   the ranks learn which parameters were used anywhere by reducing a usage map with the grads.
 - broadcast_buffers=True (the default): rank 0's buffers (BatchNorm statistics, any dtype) are copied to
   every rank at the start of every forward pass that follows a synced training forward, and at the first.
+  Once join() was used, they come from the highest rank that still has data instead (torch's
+  authoritative rank), and ranks that have joined take part in that copy.
 - no_sync(): grads accumulate locally; the next synced pass reduces the sum. As in torch, "used" means used
   in that synced pass: a parameter used only in the no_sync passes and by no rank in the synced one keeps
   its local, unreduced .grad.
@@ -205,8 +207,9 @@ class DistributedDataParallel(torch.nn.Module):
     "From torch DDP", says row by row what is the same and what differs):
     device_ids, output_device: None for a CPU module; one device for a CUDA module (inputs are moved there).
     dim: accepted (a single-device module scatters nothing). broadcast_buffers: rank 0's buffers copied to
-    every rank before each training forward. process_group: a torch.distributed group (a subgroup
-    included): the ranks reduce over a libddp comm of that group's members. bucket_cap_mb: the bucket size
+    every rank before each training forward (after join(): the highest rank's that still has data).
+    process_group: a torch.distributed group (a subgroup included): the ranks reduce over a libddp comm of
+    that group's members. bucket_cap_mb: the bucket size
     (message_size in elements of the parameters' type). find_unused_parameters, static_graph: as torch's.
     check_reduction: deprecated in torch, ignored. gradient_as_bucket_view=True: layout="arena".
     libddp's own keywords:
@@ -309,19 +312,16 @@ class DistributedDataParallel(torch.nn.Module):
         uneven = config.get("uneven_inputs", "off")
         self._uneven = _ENUMS["uneven_inputs"].get(uneven, uneven)
         self.broadcast_buffers = bool(opts["broadcast_buffers"])
-        if self._uneven != L.DDP_UNEVEN_OFF:
-            try:
-                self._refuse_buffers_with_uneven()
-            except Exception:
-                if self._own_comm:
-                    self.comm.close()
-                raise
         self._config = config
         self._triggers = opts["triggers"]
         self.require_backward_grad_sync = True
         self._buffers_due = True  # torch syncs buffers before the first forward too
         self._next_sync = True  # require_backward_grad_sync at the last training forward: the next backward's
         self._early_exit_check = False  # inside join(throw_on_early_termination=True)
+        self._join_enabled = False  # join() was used: buffers come from the highest rank with data, as torch's
+        self._join_side = None  # the context of the buffers' broadcasts inside join() (made at the first)
+        self._join_buffers = None  # that context while inside a join() block that broadcasts buffers
+        self.num_iterations = 0  # torch's: training forward passes with sync on
         self._comm_hook = None  # (state, hook) of register_comm_hook
         self._buffer_hook = None  # (state, hook, location) of _register_buffer_comm_hook
         self._buffer_futures = []
@@ -404,15 +404,6 @@ class DistributedDataParallel(torch.nn.Module):
                     "make it with sparse=False, or leave its weight out with DistributedDataParallel."
                     "_set_params_and_buffers_to_ignore_for_model(module, [%r])"
                     % (name or "the module", type(m).__name__, (name + "." if name else "") + "weight"))
-
-    def _refuse_buffers_with_uneven(self):
-        bufs = [n for n, b in self._named_buffers() if b.numel()]
-        if self.broadcast_buffers and bufs:
-            raise InvalidArgumentError(
-                "libddp.torch: uneven inputs (join()) with broadcast_buffers=True and a module with buffers (%s): a "
-                "rank in join() takes no part in the buffers' broadcast before each forward, so the others would "
-                "wait for it until the timeout; create the wrapper with broadcast_buffers=False (each rank keeps its "
-                "own BatchNorm statistics; join() copies the last rank's to all when it ends)" % ", ".join(bufs)[:200])
 
     def _named_buffers(self):
         return [(n, b) for n, b in self.module.named_buffers() if n not in self._ignore]
@@ -515,8 +506,9 @@ class DistributedDataParallel(torch.nn.Module):
     def _stream(self):
         return torch.cuda.current_stream().cuda_stream if self._cuda else None
 
-    def _broadcast_tensors(self, tensors, root):
-        """Copies `root`'s tensors (any dtype, any layout) to every rank. Collective."""
+    def _broadcast_tensors(self, tensors, root, ddp=None):
+        """Copies `root`'s tensors (any dtype, any layout) to every rank, over `ddp` (default: the wrapper's
+        context). Collective."""
         raws, back = [], []
         with torch.no_grad():
             for b in tensors:
@@ -530,14 +522,36 @@ class DistributedDataParallel(torch.nn.Module):
                     back.append((b, t, nbytes))
                 raws.append(_raw(t))
             if raws:
-                self.ddp.broadcast(raws, root=root, stream=self._stream())
+                (ddp or self.ddp).broadcast(raws, root=root, stream=self._stream())
             for b, t, nbytes in back:
                 flat = t.reshape(-1).view(torch.uint8)[:nbytes]
                 b.data.copy_(flat.view(b.dtype).view(b.shape))
 
-    def _sync_buffers(self, root=0):
+    def _sync_buffers(self, root=0, ddp=None):
         """Copies `root`'s buffers (any dtype) to every rank. Collective."""
-        self._broadcast_tensors([b for _, b in self._named_buffers()], root)
+        self._broadcast_tensors([b for _, b in self._named_buffers()], root, ddp)
+
+    def _sync_buffers_before_forward(self):
+        """torch's source of the buffers before a forward pass: rank 0, or once join() was used, the highest
+        rank that still has data (its _find_common_rank): inside a join() block, found by one small
+        allreduce over the buffers' own context, in which ranks that have joined send -1 (see
+        _join_shadowing); outside one every rank has data, so the highest rank. A buffer comm hook set
+        to run before the forward runs instead of the broadcast (on the joined ranks too, as in torch)."""
+        side = self._join_buffers
+        if side is not None:
+            root = self._common_rank(side, True)
+        else:
+            root = self.comm.size - 1 if self._join_enabled else 0
+        if self._buffer_hook is None:
+            self._sync_buffers(root, side)
+        else:
+            self._run_buffer_hook()
+
+    def _common_rank(self, ddp, candidate):
+        """torch's _find_common_rank: the highest rank that is a candidate, -1 if none is. Collective."""
+        import numpy as np
+
+        return int(ddp.allreduce_host(np.array([self.comm.rank if candidate else -1], np.int64), "max")[0])
 
     def _bind_views(self):
         """Arena: make every existing p.grad the library's view (moving current values in). A .grad
@@ -874,12 +888,14 @@ class DistributedDataParallel(torch.nn.Module):
     def _set_static_graph(self):
         """torch's: the graph is the same in every iteration. The first iteration learns how many times each
         grad hook runs (a parameter used twice, as under reentrant checkpointing, is ready after its last
-        run) and which parameters are unused; call it before the first backward pass. Collective."""
+        run) and which parameters are unused; call it before the first training forward pass with sync on
+        (after it, RuntimeError with torch's message). Collective."""
         if self.static_graph:
             warnings.warn("libddp.torch: static_graph is set already")
             return
-        if self.ddp.stats.iterations or self._in_backward:
-            raise RuntimeError("libddp.torch: _set_static_graph must be called before the first backward pass")
+        if self.num_iterations or self.ddp.stats.iterations or self._in_backward:
+            raise RuntimeError("set_static_graph() should be called before training loop starts and after "
+                               "DistributedDataParallel is constructed.")
         if self.sharded:
             raise ValueError("libddp.torch: static_graph is not available with shard=True")
         self.static_graph = True
@@ -940,16 +956,14 @@ class DistributedDataParallel(torch.nn.Module):
                                "on; make a new one (torch raises too: 'Expected to have finished reduction in the "
                                "prior iteration')")
         sync_buffers = self.broadcast_buffers and self._buffers_due and bool(self._named_buffers())
-        if sync_buffers:
-            if self._buffer_hook is None:
-                self._sync_buffers()
-            elif not self._buffer_hook[2]:
-                self._run_buffer_hook()
+        if sync_buffers and (self._buffer_hook is None or not self._buffer_hook[2]):
+            self._sync_buffers_before_forward()
         if training:
             # torch decides at the forward pass whether the backward that follows is reduced; the library's
             # iteration begins with that backward (a forward without one, as in a validation pass with grad
             # enabled, leaves nothing begun).
             self._next_sync = self.require_backward_grad_sync
+            self.num_iterations += int(self._next_sync)
         out = self.module(*args, **kwargs)
         if self._gathering:  # parameters of modules the forward did not run
             self.ddp.wait_params(-1, self._stream())
@@ -970,13 +984,19 @@ class DistributedDataParallel(torch.nn.Module):
         counting as zeros; False over the ranks that still have data. A wrapper created without the
         matching uneven_inputs= ("by_world", "by_contributors") gets a new context in that mode on entering
         the block (every rank enters it: collective); from then on each synced iteration begins with one
-        small exchange. A module with buffers needs broadcast_buffers=False. throw_on_early_termination=True:
-        instead, every rank raises RuntimeError at the first forward pass after some rank ran out (one small
-        allreduce per forward). enable=False: the block does nothing."""
+        small exchange. broadcast_buffers=True with a module that has buffers: as in torch, each forward
+        pass that broadcasts the buffers first finds the highest rank that still has data (one small
+        allreduce) and takes its buffers; the ranks that have joined take part in those broadcasts while
+        they shadow the others' iterations (they run over a second libddp context, made at the first such
+        block, which the joined rank serves while a thread of its own runs ddp_join). From the first join()
+        on, buffers come from the highest rank outside the block too, as torch's do.
+        throw_on_early_termination=True: instead, every rank raises RuntimeError at the first forward pass
+        after some rank ran out (one small allreduce per forward). enable=False: the block does nothing."""
         return self._join_context(bool(divide_by_initial_world_size), bool(enable), bool(throw_on_early_termination))
 
     @contextlib.contextmanager
     def _join_context(self, by_world, enable, throw):
+        self._join_enabled = enable  # torch keeps its join config after the block: the buffers' source
         if not enable:
             yield self
             return
@@ -990,7 +1010,6 @@ class DistributedDataParallel(torch.nn.Module):
             return
         want = L.DDP_UNEVEN_BY_WORLD if by_world else L.DDP_UNEVEN_BY_CONTRIBUTORS
         if self._uneven != want:
-            self._refuse_buffers_with_uneven()
             old = self._config.get("uneven_inputs")
             self._config["uneven_inputs"] = want
             try:
@@ -999,31 +1018,69 @@ class DistributedDataParallel(torch.nn.Module):
                 self._config["uneven_inputs"] = old
                 raise
             self._uneven = want
-        yield self  # an exception in the block propagates: no join (the other ranks time out, as in torch)
+        side = None
+        if self.broadcast_buffers and self._named_buffers() and (self._buffer_hook is None or
+                                                                not self._buffer_hook[2]):
+            if self._join_side is None:  # collective: every rank enters the block
+                self._join_side = DDP(self.comm, **{k: v for k, v in self._config.items() if k == "timeout_ms"})
+            side = self._join_buffers = self._join_side
+        try:
+            yield self  # an exception in the block propagates: no join (the other ranks time out, as in torch)
+        finally:
+            self._join_buffers = None
         ran = self.ddp.stats.iterations  # this rank's synced iterations: who ran the most decides below
-        self._join_shadowing()
+        self._join_shadowing(side)
         # torch's final sync: the last rank to join (the most iterations; ties: the highest rank) is the
-        # authoritative model copy.
+        # authoritative model copy. Whether the next forward broadcasts buffers is that rank's say too (a
+        # joined rank's own last forward may have been under no_sync).
         world = self.comm.size
         import numpy as np
 
-        key = self.ddp.allreduce_host(np.array([ran * world + self.comm.rank], np.int64), "max")
-        root = int(key[0] % world)
+        key = self.ddp.allreduce_host(np.array([(ran * world + self.comm.rank) * 2 + int(self._buffers_due)],
+                                               np.int64), "max")
+        root = int(key[0] // 2 % world)
+        self._buffers_due = bool(key[0] % 2)
         self._broadcast_tensors(self._params, root)
         self._sync_buffers(root)
 
-    def _join_shadowing(self):
+    def _join_shadowing(self, side=None):
         """ddp_join: the others' remaining iterations reduce zeros from this rank and write their result
         into its grads. Copy layout: the grads the library last saw may be gone (zero_grad(set_to_none),
         the copies of unused grads), so it gets scratch storage of its own for the shadow iterations, kept
-        until the next backward pass gives it real grads again; torch leaves a joined rank's .grad alone."""
-        if self.arena:
+        until the next backward pass gives it real grads again; torch leaves a joined rank's .grad alone.
+        side: the others' forward passes broadcast buffers over that context (torch's joined ranks
+        shadow those broadcasts too): a thread runs ddp_join while this one answers each broadcast, until
+        every rank has left its block (none is a candidate for the source any more)."""
+        if not self.arena:
+            self._join_scratch = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._params]
+            for i, t in enumerate(self._join_scratch):
+                L.lib.ddp_set_grad_ptr(self._h, self._base + i, t.data_ptr())
+        if side is None:
             self.ddp.join()
             return
-        self._join_scratch = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._params]
-        for i, t in enumerate(self._join_scratch):
-            L.lib.ddp_set_grad_ptr(self._h, self._base + i, t.data_ptr())
-        self.ddp.join()
+        failed = []
+
+        def shadow():
+            try:
+                with torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext():
+                    self.ddp.join()
+            except BaseException as e:  # raised on the caller's thread below
+                failed.append(e)
+        thread = threading.Thread(target=shadow, name="libddp-join", daemon=True)
+        thread.start()
+        try:
+            while True:
+                root = self._common_rank(side, False)
+                if root < 0:
+                    break
+                if self._buffer_hook is None:
+                    self._sync_buffers(root, side)
+                else:
+                    self._run_buffer_hook()
+        finally:
+            thread.join()  # the context must outlive ddp_join (bounded by timeout_ms)
+        if failed:
+            raise failed[0]
 
     def join_hook(self, **kwargs):
         """torch's generic Join context manager (torch.distributed.algorithms.join.Join) is not supported: it
@@ -1102,6 +1159,10 @@ class DistributedDataParallel(torch.nn.Module):
         the communicator when it was made here (no comm given). A wrapper that is dropped does this itself."""
         if "ddp" in self.__dict__:
             self._teardown()
+        side = self.__dict__.get("_join_side")
+        if side is not None:
+            side.close()
+            self._join_side = None
         if self.__dict__.get("_own_comm") and "comm" in self.__dict__:
             self.comm.close()
 

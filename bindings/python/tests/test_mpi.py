@@ -65,8 +65,20 @@ def test_docs_rust_example_is_the_crate_example():
 
 def test_torch_join_matches_torch_ddp_on_uneven_inputs():
     """`with model.join():` on ranks with different numbers of batches against torch DDP's (Gloo); BatchNorm
-    with broadcast_buffers=True and uneven inputs refused at once; throw_on_early_termination."""
+    with broadcast_buffers=False; throw_on_early_termination."""
     pytest.importorskip("torch")
     rc, out = mpirun(2, [PYTHON, os.path.join(HERE, "torch_join_parity.py")])
     assert rc == 0, out
     assert out.count("join parity ok") == 2, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torch_join_with_buffers_matches_torch_ddp(np_):
+    """`with model.join():` with broadcast_buffers=True and a model with buffers (two BatchNorm layers and
+    one of its own) on uneven inputs, the rank with the most batches drawn at random, find_unused_parameters
+    on and off: the final parameters and buffers are torch DDP's (Gloo)."""
+    pytest.importorskip("torch")
+    rc, out = mpirun(np_, [PYTHON, os.path.join(HERE, "torch_join_buffers_parity.py")], timeout=300)
+    print(out)
+    assert rc == 0, out
+    assert out.count("join buffers parity ok") == np_, out

@@ -262,6 +262,36 @@ def set_static_graph_after_construction():  # test_ddp_checkpointing_twice with 
 
 
 @case
+def set_static_graph_after_training_began():  # torch's reducer: "should be called before training loop starts"
+    def forward(m):
+        m(data(0)[0])
+
+    def step(m):
+        x, y = data(0)
+        F.mse_loss(m(x), y).backward()
+
+    for began in (forward, step):  # a training forward with sync on is where torch's training loop starts
+        ref, mine = TorchDDP(seeded(mlp)), LDDP(seeded(mlp))
+        began(ref)
+        began(mine)
+        want = raises(RuntimeError, ref._set_static_graph, "should be called before training loop starts")
+        got = raises(RuntimeError, mine._set_static_graph)
+        assert type(got) is type(want) and str(got) == str(want), (repr(got), repr(want))
+        assert not mine.static_graph
+        mine.close()
+    for wrap in (TorchDDP, LDDP):  # forwards without grad or inside no_sync() do not start it
+        m = wrap(seeded(mlp))
+        with torch.no_grad():
+            m(data(0)[0])
+        with m.no_sync():
+            step(m)
+        m._set_static_graph()
+        if wrap is LDDP:
+            assert m.static_graph
+            m.close()
+
+
+@case
 def static_graph_nested_types():  # test_ddp_static_graph_nested_types
     Net = lambda: OneLayer(lambda y: {"a": [y, (y * 2,)], "b": y.detach()})  # noqa: E731
     parity(Net, loss_fn=lambda out, t: F.mse_loss(out["a"][0] + out["a"][1][0], t),
