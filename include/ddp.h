@@ -604,7 +604,8 @@ DDP_API ddp_status_t ddp_set_sync(ddp_t ddp, int enabled);
 DDP_API ddp_status_t ddp_reduce_all(ddp_t ddp, void* stream);
 
 /* Broadcasts `n` buffers from `root` to every rank (parameter sync at start-up, as apex does at
- * construction). buffers[i] holds counts[i] elements of dtypes[i], in the comm's memory kind. Uses its
+ * construction). buffers[i] holds counts[i] elements of dtypes[i] (any ddp_dtype_t, integers included:
+ * a step count travels as DDP_I64), in the comm's memory kind. Uses its
  * own channel, so it may be called before or after registration closes. Blocks until done (host) or
  * until enqueued on `stream` (GPU). Every rank passes the same n, root, counts and dtypes: ranks that
  * differ (or make another collective call) all get DDP_ERR_MISMATCH naming the first difference, and

@@ -152,8 +152,8 @@ void Context::agree_broadcast(const size_t* counts, const ddp_dtype_t* dtypes, i
         fail(DDP_ERR_MISMATCH,
              "the ranks passed different buffers to ddp_broadcast: buffer %zu is %llu elements of %s on rank 0 but "
              "%llu elements of %s on rank %d",
-             i, static_cast<unsigned long long>(a.count), dtype_name(static_cast<Dtype>(a.dtype)),
-             static_cast<unsigned long long>(b.count), dtype_name(static_cast<Dtype>(b.dtype)), r);
+             i, static_cast<unsigned long long>(a.count), host_dtype_name(static_cast<int>(a.dtype)),
+             static_cast<unsigned long long>(b.count), host_dtype_name(static_cast<int>(b.dtype)), r);
     }
   fail(DDP_ERR_MISMATCH, "the ranks passed different buffers to ddp_broadcast (their signatures differ)");
 }

@@ -1,4 +1,5 @@
 #include "core/context.hpp"
+#include "core/host_reduce.hpp"
 
 // The context's life cycle, registration, and the collectives outside a backward pass. The backward
 // pass itself is in iteration.cpp, the read-only queries in stats.cpp, the stall inspector in inspector.cpp.
@@ -302,8 +303,9 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
     fail(DDP_ERR_INVALID_ARGUMENT, "buffers, counts and dtypes must not be NULL");
   if (root < 0 || root >= world_) fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world_ - 1);
   for (int i = 0; i < n; ++i) {
-    if (!dtype_valid(enum_value(dtypes[i])))
-      fail(DDP_ERR_INVALID_ARGUMENT, "dtypes[%d] is %d, not a ddp_dtype_t", i, enum_value(dtypes[i]));
+    if (!host_dtype_valid(enum_value(dtypes[i])))  // bytes on the wire: integers travel too
+      fail(DDP_ERR_INVALID_ARGUMENT, "dtypes[%d] is %d, not a ddp_dtype_t (DDP_F16..DDP_F64, DDP_I32, DDP_I64)", i,
+           enum_value(dtypes[i]));
     if (counts[i] > 0 && !buffers[i]) fail(DDP_ERR_INVALID_ARGUMENT, "buffers[%d] is NULL", i);
     if (counts[i] > SIZE_MAX / 16) fail(DDP_ERR_INVALID_ARGUMENT, "counts[%d] is too large", i);
   }
@@ -312,7 +314,7 @@ void Context::broadcast(void* const* buffers, const size_t* counts, const ddp_dt
     if (world_ > 1) agree_broadcast(counts, dtypes, n, root);
     for (int i = 0; i < n; ++i)
       if (counts[i])
-        bcast_->broadcast(buffers[i], counts[i] * dtype_size(static_cast<Dtype>(dtypes[i])), root, stream, deadline());
+        bcast_->broadcast(buffers[i], counts[i] * host_dtype_size(enum_value(dtypes[i])), root, stream, deadline());
   });
 }
 

@@ -99,6 +99,39 @@ TEST_CASE("ddp_broadcast: counts, dtypes, n or roots that differ fail every rank
   check_all(ok, DDP_SUCCESS, {});
 }
 
+// A step count, an RNG state or token counts travel as integers, beside float state.
+TEST_CASE("ddp_broadcast: integer buffers (i32, i64) travel beside float ones; an i32/i64 difference is named") {
+  const std::vector<Got> ok = on_contexts(3, [](int rank, ddp_comm_t, ddp_t d) {
+    int64_t step = rank == 1 ? 123456789012345 : -1;
+    std::vector<int32_t> ids(7, rank == 1 ? -77 : rank);
+    std::vector<double> w(5, rank);
+    void* bufs[3] = {&step, ids.data(), w.data()};
+    const size_t counts[3] = {1, ids.size(), w.size()};
+    const ddp_dtype_t dtypes[3] = {DDP_I64, DDP_I32, DDP_F64};
+    const ddp_status_t st = ddp_broadcast(d, bufs, counts, dtypes, 3, 1, nullptr);
+    const bool same =
+        step == 123456789012345 && ids == std::vector<int32_t>(7, -77) && w == std::vector<double>(5, 1.0);
+    return st == DDP_SUCCESS && same ? st : DDP_ERR_INTERNAL;
+  });
+  check_all(ok, DDP_SUCCESS, {});
+  const std::vector<Got> bad = on_contexts(2, [](int rank, ddp_comm_t, ddp_t d) {
+    int64_t step = 5;
+    void* bufs[1] = {&step};
+    const size_t counts[1] = {1};
+    const ddp_dtype_t dtypes[1] = {rank == 0 ? DDP_I64 : DDP_I32};
+    return ddp_broadcast(d, bufs, counts, dtypes, 1, 0, nullptr);
+  });
+  check_all(bad, DDP_ERR_MISMATCH, {"buffer 0 is 1 elements of i64 on rank 0 but 1 elements of i32 on rank 1"});
+  const std::vector<Got> invalid = on_contexts(1, [](int, ddp_comm_t, ddp_t d) {
+    int64_t step = 5;
+    void* bufs[1] = {&step};
+    const size_t counts[1] = {1};
+    const ddp_dtype_t dtypes[1] = {static_cast<ddp_dtype_t>(9)};
+    return ddp_broadcast(d, bufs, counts, dtypes, 1, 0, nullptr);
+  });
+  check_all(invalid, DDP_ERR_INVALID_ARGUMENT, {"dtypes[0] is 9, not a ddp_dtype_t"});
+}
+
 TEST_CASE("ddp_comm_allreduce: counts or dtypes that differ between ranks fail every rank, naming both") {
   for (int c = 0; c < 3; ++c) {
     std::vector<Got> got(3);

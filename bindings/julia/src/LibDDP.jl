@@ -294,7 +294,7 @@ DDP_ERR_RANK_LOST: agrees with the other live ranks on the new membership and re
 it; after DDP_ERR_RANK_JOINING: admits the processes that wait to join; on a joiner's context
 (`join_gloo`): asks to be admitted and waits. Returns `(membership, members)`: the ddp_membership_t and,
 for each new rank, its number in the old world (-1: a joiner). Every rank should then take the state of
-`membership.source` (`broadcast`). Collective."""
+`membership.source` (`bcast!`). Collective."""
 function recover(d::DDP, old_world::Integer)
     m = Ref{ddp_membership_t}()
     members = fill(Cint(-1), max(4096, 2 * old_world))
@@ -314,6 +314,21 @@ function allreduce_host!(d::DDP, a::Array{T}, op::Symbol=:sum) where {T}
     GC.@preserve a check(ccall(sym(:ddp_allreduce_host), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Cint, Cint),
                                handle(d), pointer(a), length(a), HOST_DTYPES[T], OPS[op]))
     return a
+end
+
+"""`bcast!(d, arrays...; root=0)` (ddp_broadcast): every array (Float16/32/64, Int32/64: parameters,
+optimizer state, a step count) from rank `root` to every rank, in place. Collective."""
+function bcast!(d::DDP, arrays::Array...; root::Integer=0)
+    for a in arrays
+        haskey(HOST_DTYPES, eltype(a)) || throw(ArgumentError("bcast!: element type $(eltype(a)) is not Float16/32/64, Int32/64"))
+    end
+    ptrs = Ptr{Cvoid}[pointer(a) for a in arrays]
+    counts = Csize_t[length(a) for a in arrays]
+    dtypes = Cint[HOST_DTYPES[eltype(a)] for a in arrays]
+    GC.@preserve arrays check(ccall(sym(:ddp_broadcast), Cint,
+                                    (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}, Ptr{Csize_t}, Ptr{Cint}, Cint, Cint, Ptr{Cvoid}),
+                                    handle(d), ptrs, counts, dtypes, length(arrays), root, C_NULL))
+    return arrays
 end
 
 """`barrier(d)`: returns when every rank has called it. Collective."""

@@ -34,6 +34,9 @@ d = DDP(comm)
 loss = [Float64(r), 1.0]
 LibDDP.allreduce_host!(d, loss, :avg)
 @assert loss == [(w - 1) / 2, 1.0]
+step, state = Int64[r == w - 1 ? 4711 : -1], Float32[r, r]
+LibDDP.bcast!(d, step, state; root=w - 1)
+@assert step == [4711] && state == Float32[w - 1, w - 1]
 LibDDP.barrier(d)
 close(d)
 println("rank $r of $w: julia mpi ok")

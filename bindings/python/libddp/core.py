@@ -16,34 +16,45 @@ _DTYPE_ALIASES = {
     "float32": F32, "f32": F32, "float": F32, "<f4": F32, "torch.float32": F32, "torch.float": F32,
     "float64": F64, "f64": F64, "double": F64, "<f8": F64, "torch.float64": F64, "torch.double": F64,
 }
-_ITEMSIZE = {F16: 2, BF16: 2, F32: 4, F64: 8}
+I32, I64 = L.DDP_I32, L.DDP_I64
+# Integers are never grads; ddp_broadcast and ddp_allreduce_host take them.
+_INT_NAMES = {I32: "int32", I64: "int64"}
+_INT_ALIASES = {
+    "int32": I32, "i32": I32, "<i4": I32, "torch.int32": I32, "torch.int": I32,
+    "int64": I64, "i64": I64, "<i8": I64, "torch.int64": I64, "torch.long": I64,
+}
+_ITEMSIZE = {F16: 2, BF16: 2, F32: 4, F64: 8, I32: 4, I64: 8}
 
 
-def dtype_code(dtype):
-    """A ddp_dtype_t from an int, a name ('float32', 'f32', 'bf16', ...), a numpy or a torch dtype."""
+def dtype_code(dtype, integers=False):
+    """A ddp_dtype_t from an int, a name ('float32', 'f32', 'bf16', ...), a numpy or a torch dtype;
+    with `integers`, int32 and int64 too."""
+    names = {**DTYPE_NAMES, **_INT_NAMES} if integers else DTYPE_NAMES
     if isinstance(dtype, int) and not isinstance(dtype, bool):
-        if dtype in DTYPE_NAMES:
+        if dtype in names:
             return dtype
     else:
-        code = _DTYPE_ALIASES.get(getattr(dtype, "__name__", None) or str(dtype))
+        key = getattr(dtype, "__name__", None) or str(dtype)
+        code = _DTYPE_ALIASES.get(key, _INT_ALIASES.get(key) if integers else None)
         if code is not None:
             return code
-    raise InvalidArgumentError("libddp: dtype %r is not one of float16, bfloat16, float32, float64" % (dtype,))
+    raise InvalidArgumentError("libddp: dtype %r is not one of %s" % (dtype, ", ".join(names.values())))
 
 
-def buffer_info(buf):
+def buffer_info(buf, integers=False):
     """(address, numel, ddp dtype, is_device) of a numpy array, a torch tensor, a CuPy array (or anything
-    with __cuda_array_interface__ / __array_interface__), or a (pointer, numel, dtype) tuple."""
+    with __cuda_array_interface__ / __array_interface__), or a (pointer, numel, dtype) tuple; with
+    `integers`, int32 and int64 buffers too."""
     if isinstance(buf, (tuple, list)):
         if len(buf) != 3:
             raise InvalidArgumentError("libddp: a raw buffer is a (pointer, numel, dtype) tuple")
         ptr, numel, dtype = buf
-        return int(ptr), int(numel), dtype_code(dtype), None
+        return int(ptr), int(numel), dtype_code(dtype, integers), None
     mod = type(buf).__module__ or ""
     if mod.startswith("torch") and hasattr(buf, "data_ptr"):
         if not buf.is_contiguous():
             raise InvalidArgumentError("libddp: the tensor is not contiguous")
-        return buf.data_ptr(), buf.numel(), dtype_code(buf.dtype), buf.is_cuda
+        return buf.data_ptr(), buf.numel(), dtype_code(buf.dtype, integers), buf.is_cuda
     for attr, device in (("__cuda_array_interface__", True), ("__array_interface__", False)):
         iface = getattr(buf, attr, None)
         if iface is None:
@@ -51,7 +62,7 @@ def buffer_info(buf):
         ptr, readonly = iface["data"]
         if readonly:
             raise InvalidArgumentError("libddp: the array is read-only")
-        code = dtype_code(iface["typestr"])
+        code = dtype_code(iface["typestr"], integers)
         numel = 1
         for n in iface["shape"]:
             numel *= n
@@ -581,8 +592,9 @@ class DDP(_Handle):
         self._reduce(L.lib.ddp_reduce_all, True, stream_ptr(stream))
 
     def broadcast(self, buffers, root=0, stream=None):
-        """Broadcasts each buffer (numpy array, tensor, (ptr, numel, dtype)) from `root`. Collective."""
-        infos = [buffer_info(b) for b in buffers]
+        """Broadcasts each buffer (numpy array, tensor, (ptr, numel, dtype); float or int32/int64) from
+        `root`. Collective."""
+        infos = [buffer_info(b, integers=True) for b in buffers]
         n = len(infos)
         ptrs = (ctypes.c_void_p * n)(*[i[0] for i in infos])
         counts = (ctypes.c_size_t * n)(*[i[1] for i in infos])

@@ -433,3 +433,31 @@ def test_contexts_made_and_closed_over_one_comm_leave_nothing_behind():
             trim(0)
         grown = _rss_mb() - before
     assert grown < 48, "%.1f MB more after 20 contexts" % grown
+
+
+def test_broadcast_takes_integer_buffers_beside_float_ones():
+    """A step count (int64), token ids (int32) and float state from one rank, numpy and torch alike."""
+    torch = pytest.importorskip("torch")
+    n = 3
+    group = libddp.LocalGroup(n)
+    got, errs = [None] * n, []
+
+    def rank(r):
+        try:
+            with group.comm(r) as c, DDP(c) as d:
+                step = np.array([123456789012345 if r == 2 else -1], dtype=np.int64)
+                ids = torch.full((5,), -7 if r == 2 else r, dtype=torch.int32)
+                w = np.full(4, float(r))
+                d.broadcast([step, ids, w], root=2)
+                got[r] = (int(step[0]), ids.tolist(), w.tolist())
+                with pytest.raises(libddp.InvalidArgumentError, match="int64"):
+                    d.broadcast([np.zeros(2, np.uint8)])  # not a ddp_dtype_t: refused before any call
+        except Exception as e:
+            errs.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    group.close()
+    assert not errs, errs
+    assert got == [(123456789012345, [-7] * 5, [2.0] * 4)] * n

@@ -89,7 +89,7 @@ pub enum Op {
     Min = sys::DDP_OP_MIN,
 }
 
-/// Element types `Ddp::allreduce_host` takes.
+/// Element types `Ddp::allreduce_host` and `Ddp::broadcast` take.
 pub trait HostElement: Copy {
     const HOST_DTYPE: sys::ddp_dtype_t;
 }
@@ -653,11 +653,11 @@ impl Ddp {
         let r = check(unsafe { sys::ddp_reduce_all(self.raw, ptr::null_mut()) });
         self.settle(r)
     }
-    /// Broadcasts `buf` from `root`. Collective.
-    pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: i32) -> Result<()> {
+    /// Broadcasts `buf` from `root` (floats or integers: a step count as `i64`). Collective.
+    pub fn broadcast<T: HostElement>(&mut self, buf: &mut [T], root: i32) -> Result<()> {
         let p = buf.as_mut_ptr() as *mut c_void;
         let n = buf.len();
-        let d = T::DTYPE;
+        let d = T::HOST_DTYPE;
         check(unsafe { sys::ddp_broadcast(self.raw, &p, &n, &d, 1, root, ptr::null_mut()) })
     }
     pub fn synchronize(&mut self) -> Result<()> {

@@ -118,6 +118,10 @@ fn reduce_f32_and_f64_across_ranks() {
         let mut tokens = [rank as i64 + 10];
         ddp.allreduce_host(&mut tokens, libddp::Op::Max).unwrap();
         assert_eq!(tokens[0], world as i64 + 9);
+        // A step count (an integer) from the last rank.
+        let mut step = [if rank == world - 1 { 4711i64 } else { -1 }];
+        ddp.broadcast(&mut step, world - 1).unwrap();
+        assert_eq!(step[0], 4711);
         ddp.barrier().unwrap();
         let e = ddp.join().unwrap_err(); // uneven_inputs is off
         assert_eq!(e.status, libddp::sys::DDP_ERR_INVALID_STATE, "{e}");
