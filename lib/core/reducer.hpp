@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/int8_wire.hpp"
 #include "core/plan.hpp"
 #include "core/program.hpp"
 #include "core/shard_set.hpp"
@@ -107,7 +108,7 @@ class Reducer {
   ShardSet& shards();
 
   uint64_t buffer_bytes() const {
-    return staging_bytes_ + arena_bytes_ + (shards_ ? shards_->bytes() : 0) + int8_bytes_;
+    return staging_bytes_ + arena_bytes_ + (shards_ ? shards_->bytes() : 0) + int8_.bytes();
   }
   // The int8 wire: forgets every kept rounding error (a rank that joins contributes zeros from then on).
   void clear_feedback();
@@ -153,13 +154,10 @@ class Reducer {
   void step_out(int b);
   void pieces(int b);
   void reduce_in_place(int b, void* p, size_t n);
-  void int8_allreduce(int b, void* buf, size_t n);
-  void int8_scatter_allreduce(int b, void* buf, size_t n);
-  void int8_gather_rounds(int b, void* buf, size_t n);
+  // What an int8 collective that reads the grads itself works on: the grads (copy layout), or the
+  // arena's bucket `buf` as one segment (*arena).
   SegmentTable& grads_table(const BucketProgram& p, BucketRt& r, void* buf, size_t n, SegmentTable* arena);
-  bool int8_reads_grads(const BucketProgram& p) const;
-  size_t stage_bytes(const BucketProgram& p) const;
-  void alloc_int8();
+  bool int8_reads_grads(const BucketProgram& p) const { return Int8Wire::reads_grads(p, env_.device->memory()); }
   void* buffer(int b) const;  // what the collective runs on: the staging range or the arena storage
   const void* direct_source(const BucketProgram& p, const BucketRt& r, Span sp, size_t* seg) const;
   void scan(int b, const void* p, size_t n);
@@ -183,10 +181,7 @@ class Reducer {
   uint64_t staging_bytes_ = 0;
   char* arena_ = nullptr;             // arena layout: every bucket's storage, bucket after bucket
   std::unique_ptr<ShardSet> shards_;  // sharded contexts
-  float* residual_ = nullptr;         // int8 wire: every int8 bucket's kept rounding errors, bucket after bucket
-  size_t residuals_ = 0;              // (host memory: the int8 wire runs on host devices only)
-  std::vector<void*> gather_;         // int8 wire: per stream, the exchange buffer (alloc_int8)
-  uint64_t int8_bytes_ = 0;
+  Int8Wire int8_;                     // the int8 wire's kept errors and exchange buffers
   uint64_t arena_bytes_ = 0;
   int next_ = 0;  // the next bucket to launch, in plan order
   void* user_stream_ = nullptr;
