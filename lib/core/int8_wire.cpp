@@ -56,8 +56,7 @@ size_t Int8Wire::stage_bytes(const BucketProgram& p) const {
   return (mine.hi - mine.lo) * dtype_size(p.dtype);
 }
 
-void Int8Wire::allreduce(int b, const BucketProgram& p, SegmentTable& grads, void* buf, size_t n, Stream& s,
-                         Comm& c) {
+void Int8Wire::allreduce(int b, const BucketProgram& p, SegmentTable& grads, void* buf, size_t n, Stream& s, Comm& c) {
   const size_t k = static_cast<size_t>(b);
   if (p.int8_scatter) return scatter(p, k, grads, buf, n, s, c);
   if (p.int8_piece) return gather_rounds(p, k, grads, n, s, c);
@@ -122,8 +121,7 @@ void Int8Wire::gather_rounds(const BucketProgram& p, size_t b, SegmentTable& gra
 // re-quantizes that sum with errors kept for it, and all-gathers the re-quantized shards, which every
 // rank (the owner too) dequantizes: the same bits everywhere. Each exchange moves (world - 1) shard
 // chunks each way, so the bytes stay about a quarter of fp32's ring at any world size.
-void Int8Wire::scatter(const BucketProgram& p, size_t b, SegmentTable& grads, void* buf, size_t n, Stream& s,
-                       Comm& c) {
+void Int8Wire::scatter(const BucketProgram& p, size_t b, SegmentTable& grads, void* buf, size_t n, Stream& s, Comm& c) {
   const int world = settings_.world, me = settings_.rank;
   const size_t es = dtype_size(p.dtype), chunk = p.int8_chunk;
   const bool direct = reads_grads(p, device_.memory());  // else the in step packed (or scaled) into buf

@@ -59,10 +59,10 @@ class Int8Wire {
   Device& device_;
   const ProgramSettings& settings_;
   int64_t timeout_ms_;
-  float* residual_ = nullptr;               // every int8 bucket's kept errors, bucket after bucket
-  std::vector<size_t> residual_at_;         // per bucket: its first kept error
-  std::vector<size_t> shard_residual_at_;   // per bucket (reduce-scatter): those of re-quantizing this rank's shard
-  std::vector<void*> exchange_;             // per stream
+  float* residual_ = nullptr;              // every int8 bucket's kept errors, bucket after bucket
+  std::vector<size_t> residual_at_;        // per bucket: its first kept error
+  std::vector<size_t> shard_residual_at_;  // per bucket (reduce-scatter): those of re-quantizing this rank's shard
+  std::vector<void*> exchange_;            // per stream
   uint64_t bytes_ = 0;
 };
 
