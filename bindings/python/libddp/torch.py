@@ -20,6 +20,9 @@ Where torch.nn.parallel.DistributedDataParallel defines a behaviour, this module
 - no_sync(): grads accumulate locally; the next synced pass reduces the sum. As in torch, "used" means used
   in that synced pass: a parameter used only in the no_sync passes and by no rank in the synced one keeps
   its local, unreduced .grad.
+- join() with find_unused_parameters=True: a joined rank reports no parameter as used while it shadows the
+  others' iterations. torch's sends the stale usage map of its last reduction, so its results differ there
+  (docs/bindings.md, "From torch DDP").
 
 Sharded (ZeRO-1/2, Megatron's distributed optimizer): DistributedDataParallel(model, shard=True) keeps
 the parameters in the library's parameter arena (p.data become views) and reduce-scatters the grads;

@@ -76,7 +76,9 @@ def test_torch_join_matches_torch_ddp_on_uneven_inputs():
 def test_torch_join_with_buffers_matches_torch_ddp(np_):
     """`with model.join():` with broadcast_buffers=True and a model with buffers (two BatchNorm layers and
     one of its own) on uneven inputs, the rank with the most batches drawn at random, find_unused_parameters
-    on and off: the final parameters and buffers are torch DDP's (Gloo)."""
+    on and off: the final parameters and buffers are torch DDP's (Gloo). With find_unused_parameters,
+    no_sync() micro-batches or grads set to None (broadcast_buffers off too): torch DDP's whose joined ranks
+    report no parameter as used (torch's own report a stale usage map: docs/bindings.md)."""
     pytest.importorskip("torch")
     rc, out = mpirun(np_, [PYTHON, os.path.join(HERE, "torch_join_buffers_parity.py")], timeout=300)
     print(out)
