@@ -2,7 +2,7 @@
 #include "core/host_reduce.hpp"
 
 // The context's life cycle, registration, and the collectives outside a backward pass. The backward
-// pass itself is in iteration.cpp, the read-only queries in stats.cpp, the stall inspector in inspector.cpp.
+// pass itself is in iteration.cpp, the read-only queries in stats.cpp, the stall inspector in stall_inspector.cpp.
 #include <algorithm>
 #include <exception>
 #include <thread>

@@ -119,7 +119,7 @@ class Context {
   std::string picture(int64_t wait_ms);
   void wire_totals(bool own, uint64_t out[2]) const;
   void stall_warning(int stream);
-  // Elastic: while a bucket waits, whether its peers still answer (inspector.cpp).
+  // Elastic: while a bucket waits, whether its peers still answer (stall_inspector.cpp).
   static constexpr int64_t kPeerWatchMs = 1000;
   void watch_peers();
   std::vector<int> silent_;  // per rank: peer watches in a row without an answer

@@ -1,7 +1,7 @@
 // The stall inspector's vocabulary: where a rank stands (its iteration, the call it is in, its
 // buckets), kept as it changes (Progress) and exchanged between ranks (Position, through a Prober
 // each communicator provides). The inspector itself, which turns positions into the messages of a
-// stall warning or a timeout, is lib/core/inspector.cpp.
+// stall warning or a timeout, is lib/core/stall_inspector.cpp.
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,5 @@
+// The library's one voice: messages to the caller's callback, or to stderr as DDP_DEBUG allows.
 #include "core/log.hpp"
-
-#include "core/knobs.hpp"
 
 #include <atomic>
 #include <cstdarg>
@@ -23,7 +22,8 @@ struct DebugSetting {
 const DebugSetting& debug_setting() {
   static const DebugSetting s = [] {
     DebugSetting d;
-    d.value = knobs::text("DDP_DEBUG");
+    const char* v = std::getenv("DDP_DEBUG");  // read here: the knobs warn through this log
+    d.value = v ? v : "";
     d.known = parse_debug_level(d.value.c_str(), &d.level);
     return d;
   }();
@@ -98,6 +98,5 @@ void log(ddp_log_level_t level, const char* fmt, ...) {
   std::fflush(stderr);
 }
 
-uint64_t log_summary_every() { return knobs::debug_every(); }
 
 }  // namespace ddp

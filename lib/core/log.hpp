@@ -20,7 +20,5 @@ void set_log_callback(ddp_log_fn fn, void* user);
 // Whether messages of `level` go anywhere (a callback is set, or DDP_DEBUG lets the default print).
 bool log_enabled(ddp_log_level_t level);
 void log(ddp_log_level_t level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-// DDP_DEBUG_EVERY: with DDP_DEBUG=INFO, a summary line every this many iterations (default 100).
-uint64_t log_summary_every();
 
 }  // namespace ddp

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/context.hpp"
+#include "core/knobs.hpp"
 #include "core/log.hpp"
 
 namespace ddp {
@@ -118,7 +119,7 @@ void Context::log_plan() {
 }
 
 void Context::log_summary() {
-  if (!log_enabled(DDP_LOG_INFO) || iterations_ % log_summary_every() != 0) return;
+  if (!log_enabled(DDP_LOG_INFO) || iterations_ % knobs::debug_every() != 0) return;
   log(DDP_LOG_INFO,
       "rank %d: iteration %llu: %llu buckets and %.1f MB reduced so far; exposed communication %.2f ms in the last "
       "iteration, %.2f ms per iteration on average",
