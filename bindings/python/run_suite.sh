@@ -21,22 +21,27 @@ else
   cat "$log"; echo "FAILED: building or installing the wheel"; echo "python: $pass passed, 1 failed, 0 skipped"; exit 1
 fi
 # The wheel: py3-none-<platform> (a library loaded with ctypes, no CPython extension, yet not pure),
-# versioned as include/ddp.h says.
+# versioned as include/ddp.h says, holding every module of the sources (subpackages included).
 header_version=$(sed -nE 's/^#define DDP_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+).*/\2/p' "$here/../../include/ddp.h" | paste -sd.)
 wheel=$(ls "$venv"/wheel/libddp-*.whl)
 wheel_meta=$("$py" -c '
-import sys, zipfile
+import os, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 names = z.namelist()
+src = os.path.dirname(sys.argv[2])
+sources = [os.path.relpath(os.path.join(d, n), src) for d, _, ns in os.walk(sys.argv[2]) for n in ns if n.endswith(".py")]
+missing = sorted(set(sources) - set(names))
 text = [z.read(n).decode() for n in names if n.endswith((".dist-info/WHEEL", ".dist-info/METADATA"))]
 for line in "\n".join(text).splitlines():
     if line.startswith(("Tag:", "Root-Is-Purelib:", "Version:")):
         print(line)
-print("has-library:", "libddp/libddp.so.0" in names)' "$wheel" | sort)
+print("has-library:", "libddp/libddp.so.0" in names)
+print("missing-modules:", " ".join(missing) or "none")' "$wheel" "$here/libddp" | sort)
 plat=$("$py" -c 'import sysconfig; print(sysconfig.get_platform().replace("-", "_").replace(".", "_"))')
-want_meta=$(printf 'Root-Is-Purelib: false\nTag: py3-none-%s\nVersion: %s\nhas-library: True\n' "$plat" "$header_version" | sort)
+want_meta=$(printf 'Root-Is-Purelib: false\nTag: py3-none-%s\nVersion: %s\nhas-library: True\nmissing-modules: none\n' \
+  "$plat" "$header_version" | sort)
 if [ "$(basename "$wheel")" = "libddp-$header_version-py3-none-$plat.whl" ] && [ "$wheel_meta" = "$want_meta" ]; then
-  echo "ok: the wheel is $(basename "$wheel"): py3-none-$plat, version $header_version (include/ddp.h), platlib"
+  echo "ok: the wheel is $(basename "$wheel"): py3-none-$plat, version $header_version (include/ddp.h), platlib, every module"
   pass=$((pass + 1))
 else
   echo "FAILED: the wheel is $(basename "$wheel"), with"; echo "$wheel_meta"
@@ -44,7 +49,7 @@ else
 fi
 # The sources write no version of their own: pyproject.toml's is dynamic, setup.py reads the generated
 # libddp/_ddp_h.py.
-if grep -qE '^version *=' "$here/pyproject.toml" || grep -qE "version *= *['\"][0-9]" "$here/setup.py" "$here"/libddp/*.py; then
+if grep -qE '^version *=' "$here/pyproject.toml" || grep -qE "version *= *['\"][0-9]" "$here/setup.py" "$here"/libddp/*.py "$here"/libddp/*/*.py; then
   echo "FAILED: a version is written in bindings/python (pyproject.toml, setup.py or libddp/)"; fail=$((fail + 1))
 else
   echo "ok: bindings/python writes no version: it is include/ddp.h's, generated into libddp/_ddp_h.py"; pass=$((pass + 1))
