@@ -615,6 +615,8 @@ typedef struct ddp_membership {
   int rank;       /* this rank's number from now on, 0 .. world - 1 (the survivors keep their order;
                      joiners come after them) */
   int world;      /* how many ranks there are from now on */
+  /* "Before" is the membership this rank last held: the last one ddp_create or a ddp_recover that
+   * succeeded gave it, however many ddp_recover attempts failed since (so are `members`' numbers). */
   int old_rank;   /* this rank's number before (-1 on a joiner) */
   int old_world;  /* how many ranks there were before (on a joiner: in the job it joined) */
   /* The rank (new number) whose state every rank should take before the next iteration, with
@@ -639,7 +641,8 @@ typedef struct ddp_membership {
  * is kept, and the averages divide by the new world. Afterwards take the state of
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
  * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
- * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner).
+ * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner): the
+ * membership this rank last held, even after attempts that returned DDP_ERR_TIMEOUT.
  * DDP_ERR_TIMEOUT when the membership could not be agreed within timeout_ms (the store is gone: a
  * TCP store lives in rank 0's process, a file store outlives every rank), or when another rank was
  * lost while the new communicators were being made (each attempt then takes up to about twice

@@ -19,14 +19,14 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
       fail(DDP_ERR_INVALID_ARGUMENT,
            "a joiner's communicator (ddp_comm_join_gloo) needs config.elastic: only an elastic job admits ranks");
     joining_ = true;
-    rank_ = -1;
-    world_ = 0;
+    rank_ = held_rank_ = -1;
+    world_ = held_world_ = 0;
     base_ = comm.dup();
     device_ = comm.make_device();
     return;
   }
-  rank_ = comm.rank();
-  world_ = comm.size();
+  rank_ = held_rank_ = comm.rank();
+  world_ = held_world_ = comm.size();
   // The duplications below are collective: each waits for every rank, within timeout_ms in all.
   const CreationScope bounded(deadline());
   ctrl_ = comm.dup();

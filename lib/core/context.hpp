@@ -79,7 +79,7 @@ class Context {
   std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
   // `members`: each new rank's number in the communicator the agreement ran over (a loss; none for
-  // an admission).
+  // an admission: the ranks keep their numbers, the joiners come after them).
   void rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members = nullptr);
   Deadline membership_deadline() const;
   // The communicators, streams, prober and reducer of the generation that ends, dropped.
@@ -88,10 +88,10 @@ class Context {
   void join_job(ddp_membership_t* out, int* members, size_t capacity);
   void admit_joiners(ddp_membership_t* out, int* members, size_t capacity);
   // After a rebuild: whose state every rank takes (the first of those that committed the most), and
-  // the report of the change. `members`: each new rank's old number (-1: a joiner).
-  void settle_membership(int old_rank, int old_world, const std::vector<int>& members,
-                         const std::vector<int64_t>& committed, ddp_membership_t* out, int* members_out,
-                         size_t capacity);
+  // the report of the change. `members`: each new rank's old number (-1: a joiner). The membership
+  // reported is the one held from now on.
+  void settle_membership(int old_rank, int old_world, std::vector<int> members, const std::vector<int64_t>& committed,
+                         ddp_membership_t* out, int* members_out, size_t capacity);
   // The join requests the ranks agreed on in an exchange (the highest slot any rank's watch saw).
   void note_joins(int64_t upto);
   void watch_joins();
@@ -216,6 +216,12 @@ class Context {
   // After a rebuild that failed half way: each rank of base_'s number in prober_'s (which is the
   // generation's before); empty: the same numbers.
   std::vector<int> probe_numbers_;
+  // Elastic: the membership this rank last held (the last that ddp_create or a ddp_recover that
+  // succeeded gave it; -1 and 0 on a joiner), which ddp_recover reports against: a failed attempt may
+  // have left base_ over another. held_numbers_: each rank of base_'s number in it (-1: a joiner of
+  // a failed admission; empty: the same numbers).
+  int held_rank_ = 0, held_world_ = 1;
+  std::vector<int> held_numbers_;
   std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
 };
 
