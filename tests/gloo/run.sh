@@ -98,6 +98,13 @@ out=$("$root/tools/ddp_launch" -n 2 --nnodes 2 --node-rank 1 --master-addr 127.0
 want=$(printf 'env 2 0 4 2 1 127.0.0.1 29999\nenv 3 1 4 2 1 127.0.0.1 29999')
 ok=0; [ "$out" = "$want" ] && ok=1
 check "ddp_launch: node 1 of 2 runs ranks 2 and 3 with torchrun's variables" $ok "got '$out'"
+# A replacement (--max-restarts) has no rank until the job admits it: neither RANK nor WORLD_SIZE (not
+# even the launcher's own), but DDP_JOIN=1, DDP_RESTART and DDP_REPLACES (whose place it takes).
+out=$(RANK=7 WORLD_SIZE=9 "$root/tools/ddp_launch" -n 2 --max-restarts 1 bash -c \
+  'if [ -z "${DDP_JOIN:-}" ]; then [ "$RANK" = 1 ] && exit 3; exit 0; fi
+   echo "replacement RANK=${RANK-unset} WORLD_SIZE=${WORLD_SIZE-unset} DDP_RESTART=$DDP_RESTART DDP_REPLACES=$DDP_REPLACES LOCAL_RANK=$LOCAL_RANK"' 2>&1); rc=$?
+ok=0; [ $rc -eq 0 ] && grep -qx "replacement RANK=unset WORLD_SIZE=unset DDP_RESTART=1 DDP_REPLACES=1 LOCAL_RANK=1" <<<"$out" && ok=1
+check "ddp_launch --max-restarts: a replacement gets DDP_JOIN=1 and DDP_REPLACES=1, no RANK or WORLD_SIZE" $ok "exit $rc; $out"
 # Its own ports lie below the kernel's range for outgoing connections (no connection takes them, and
 # no rank reaches its own port while the store is not listening yet), both free.
 low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
