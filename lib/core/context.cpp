@@ -40,6 +40,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   device_ = comm.make_device();
   attach(comm);
   check_stream_comms();
+  if (cfg_.c.elastic && (held_desk_ = ctrl_->join_desk()) && rank_ == 0) held_desk_->open(deadline());
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
       comm.memory() == Memory::Device) {
     const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
@@ -112,6 +113,7 @@ void Context::check_stream_comms() {
 
 Context::~Context() {
   join_watch_.reset();
+  leave_job();
   set_call(Call::Destroyed);
   // Destroyed in the middle of a backward pass: the launched buckets may be waiting for peers that
   // will never match them. Abort first, so that they (and the peers, where the engine allows) stop.

@@ -99,6 +99,9 @@ class Context {
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
   void confirm_members(Comm& made, Deadline dl);
+  // Elastic: this member leaves the job (ddp_destroy); the last one to leave tells the joiners still
+  // waiting that the job ended.
+  void leave_job();
   // Whether an error of status `st` is taken for a lost peer (elastic contexts): a timeout, an abort
   // (a severed connection), or an NCCL error (NCCL reports a dead peer as a remote or system error).
   bool peer_failure(ddp_status_t st) const {
@@ -222,7 +225,8 @@ class Context {
   // a failed admission; empty: the same numbers).
   int held_rank_ = 0, held_world_ = 1;
   std::vector<int> held_numbers_;
-  std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
+  std::shared_ptr<JoinDesk> held_desk_;  // where the members of that membership say they left (leave_job)
+  std::unique_ptr<Prober> prober_;       // last member: destroyed first, while what it reads still exists
 };
 
 template <class F>

@@ -127,6 +127,7 @@ void Context::settle_membership(int old_rank, int old_world, std::vector<int> li
   attempts_ = 0;
   held_rank_ = rank_, held_world_ = world_;
   held_numbers_.clear();
+  held_desk_ = ctrl_->join_desk();
   stragglers_.reset();
   std::string text;
   for (int m : list) text += (text.empty() ? "" : ", ") + (m < 0 ? std::string("joiner") : std::to_string(m));
@@ -195,6 +196,17 @@ void Context::confirm_members(Comm& made, Deadline dl) {
 Deadline Context::membership_deadline() const {
   const int64_t t = cfg_.c.timeout_ms;
   return Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
+}
+
+// Counted under the membership last held (a failed recovery may have left ctrl_ over another). A
+// second at most: the store may have gone with rank 0, and a member that cannot say it left only
+// leaves the joiners to their own bound.
+void Context::leave_job() {
+  if (!held_desk_ || joining_ || aborted_ || held_rank_ < 0) return;
+  try {
+    held_desk_->leave(held_rank_, held_world_, Deadline::after_ms(1000));
+  } catch (...) {
+  }
 }
 
 void Context::retire() {
@@ -285,7 +297,7 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
     for (int64_t slot = from; slot < upto; ++slot) {
       std::string text;
       bool expired = false;
-      if (!desk->request(slot, &text)) continue;
+      if (!desk->request(slot, &text) || desk->answered(slot)) continue;
       const std::string why = refuse_join(text, terms, &expired);
       if (!why.empty()) desk->answer(slot, "R" + why);
       // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain; told
@@ -349,6 +361,10 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
     // closed what it had made: another joiner of it never came) is one more try to make.
     const bool refused = std::strstr(e.what(), "refused this process") != nullptr;
     if (e.status() == DDP_ERR_TIMEOUT || refused) throw;
+    if (std::strstr(e.what(), "ended before admitting") != nullptr) {  // nothing left to join
+      abort(e);
+      throw;
+    }
     fail(DDP_ERR_TIMEOUT, "the admission did not complete (call ddp_recover again to ask again): %s", e.what());
   }
   std::unique_ptr<Comm> joiner = std::move(base_);

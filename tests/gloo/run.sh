@@ -87,6 +87,19 @@ ok=0; [ $rc -eq 0 ] && grep -q "rank 1 was killed by signal 9; starting a proces
 check "trainer --elastic over ddp_launch --max-restarts 1: rank 1 killed at step 4, its replacement joins, all 3 agree" \
   $ok "exit $rc; $(tail -n 8 <<<"$out")"
 
+# The job ends before admitting the replacement (rank 1 killed before the last step's backward): the end
+# reaches the waiting replacement at once (DDP_ERR_ABORTED, "ended before admitting"), which exits 0, and
+# the launcher returns in seconds, not after the replacement's 300 s join bound.
+t0=$(date +%s%N)
+out=$(timeout 120 "$root/tools/ddp_launch" --max-restarts 1 -n 3 "$trainer" --comm gloo --elastic --kill 1@7 \
+      --steps 8 --batch 32 --quiet 2>&1); rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+ok=0; [ $rc -eq 0 ] && grep -q "starting a process that joins the running job" <<<"$out" &&
+  grep -q "^joiner: ddp_recover: the job at env:// (.*) ended before admitting this process" <<<"$out" &&
+  grep -q "^ranks agree: .* on all 2 ranks" <<<"$out" && [ $ms -lt 60000 ] && ok=1
+check "ddp_launch --max-restarts: the job ends before admitting the replacement, which hears so at once (${ms} ms)" \
+  $ok "exit $rc; $(tail -n 5 <<<"$out")"
+
 # make demo over Gloo (what it runs without MPI): 2 ranks, the same losses.
 out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_ARGS="${args[*]}" demo 2>&1); rc=$?
 ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1
