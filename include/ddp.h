@@ -88,7 +88,8 @@ typedef enum ddp_dtype {
   DDP_F32 = 2,
   DDP_F64 = 3,
   DDP_DTYPE_COUNT, /* grads are of the types above */
-  /* Integers, for ddp_allreduce_host alone (token counts, metrics): never a grad. */
+  /* Integers, for ddp_allreduce_host and ddp_broadcast (token counts, metrics, a step count): never a
+   * grad. */
   DDP_I32 = 16,
   DDP_I64 = 17
 } ddp_dtype_t;
@@ -637,7 +638,9 @@ typedef struct ddp_membership {
  * rebuilds the context over it. Each rank checks in through the communicator's rendezvous store; the
  * ranks of the old world that never check in and no longer answer (their process is gone, or cut
  * off) are dropped at once; a rank that is alive but late is waited for up to timeout_ms, then
- * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and must exit). The
+ * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and its context is aborted:
+ * destroy it and its communicator; to take part again, the same process joins the job as any joiner
+ * does, ddp_comm_join_gloo over the job's store, a new context and ddp_recover). The
  * survivors keep their order and are renumbered 0 .. world - 1; every registration stays, the plan
  * is kept, and the averages divide by the new world. Afterwards take the state of
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the

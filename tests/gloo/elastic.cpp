@@ -80,6 +80,7 @@ struct Scenario {
   bool in_recovery = false;
   int64_t timeout_ms = kTimeoutMs;
   bool replace = false;   // a new process (identity np) joins after the death
+  bool rejoin = false;    // the stalled victim, left out, joins again from its own process
   bool ghost = false;     // and before it, one (identity np + 1) asks to join and dies on its way in
   bool cut = false;       // the victim's link is cut (network namespaces) instead of its process killed
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
@@ -210,21 +211,6 @@ std::string check_report(const ddp_membership_t& m, const std::vector<int>& memb
 // the joiner of a replacement scenario np (np + 1: a joiner that dies on its way in).
 int worker(const Scenario& s, int id) {
   const bool joiner = id >= s.np, ghost = id == s.np + 1;
-  ddp_comm_t comm = nullptr;
-  if (joiner)
-    CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
-  else
-    CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
-  ddp_config_t cfg;
-  ddp_config_init(&cfg);
-  cfg.elastic = 1;
-  cfg.timeout_ms = s.timeout_ms;
-  cfg.layout = s.layout;
-  cfg.num_streams = s.streams;
-  cfg.message_size = 3000;
-  cfg.unused_policy = DDP_UNUSED_ZERO;
-  ddp_t ddp = nullptr;
-  CHECK_OK(ddp_create(comm, &cfg, &ddp));
   const size_t ng = s.sizes.size();
   std::vector<std::vector<float>> params(ng), own(ng);
   std::vector<float*> grads(ng);
@@ -232,9 +218,31 @@ int worker(const Scenario& s, int id) {
     params[g].resize(s.sizes[g]);
     for (size_t i = 0; i < s.sizes[g]; ++i) params[g][i] = init_value(g, i);
     own[g].resize(s.sizes[g]);
-    int index = 0;
-    CHECK_OK(ddp_register_grad(ddp, s.layout ? nullptr : own[g].data(), s.sizes[g], DDP_F32, 0, &index));
   }
+  ddp_comm_t comm = nullptr;
+  ddp_t ddp = nullptr;
+  // The communicator and the context with the job's grads: a rank's at the start, or a joiner's (a
+  // replacement, or a rank left out that joins again in the same process).
+  auto enter = [&](bool as_joiner) {
+    if (as_joiner)
+      CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
+    else
+      CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
+    ddp_config_t cfg;
+    ddp_config_init(&cfg);
+    cfg.elastic = 1;
+    cfg.timeout_ms = s.timeout_ms;
+    cfg.layout = s.layout;
+    cfg.num_streams = s.streams;
+    cfg.message_size = 3000;
+    cfg.unused_policy = DDP_UNUSED_ZERO;
+    CHECK_OK(ddp_create(comm, &cfg, &ddp));
+    for (size_t g = 0; g < ng; ++g) {
+      int index = 0;
+      CHECK_OK(ddp_register_grad(ddp, s.layout ? nullptr : own[g].data(), s.sizes[g], DDP_F32, 0, &index));
+    }
+  };
+  enter(joiner);
   auto find_grads = [&] {
     for (size_t g = 0; g < ng; ++g) {
       void* p = nullptr;
@@ -262,6 +270,7 @@ int worker(const Scenario& s, int id) {
   };
   // A membership change: ddp_recover, every rank's identity, the state of the source. A rank lost on
   // the way (a joiner that died as it was admitted) is one more change: round again.
+  bool rejoining = false, back = false;  // (a rank left out that joins again; back: it did)
   auto change = [&](bool first_of_joiner) {
     const std::vector<int> before = ids;  // the ranks of the steps this rank may have missed
     ddp_membership_t m;
@@ -284,9 +293,11 @@ int worker(const Scenario& s, int id) {
         _exit(left_out || !s.tcp ? 7 : 8);
       }
       if (victim && s.point == Stalls && left_out) {
-        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
+        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job,
         ddp_comm_destroy(comm);
-        _exit(7);
+        if (!s.rejoin) _exit(7);
+        rejoining = true;  // or joins it again from this process, as a joiner would
+        return;
       }
       CHECK_OK(st);
       const bool fresh = first_of_joiner && round == 0;
@@ -345,14 +356,14 @@ int worker(const Scenario& s, int id) {
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
   // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
   // and the run goes on until it is back (bounded: 150 more steps).
-  auto short_handed = [&] { return s.replace && ids.size() < static_cast<size_t>(s.np); };
+  auto short_handed = [&] { return (s.replace || s.rejoin) && ids.size() < static_cast<size_t>(s.np); };
   // Every membership change is followed by two committed steps on every rank (a joiner admitted at
   // the last step boundary trains too): each rank counts from the change's committed step, the same
   // on all of them.
   int64_t end = kSteps;
   if (joiner) end = std::max<int64_t>(end, step + 2);
   while (step < end || (short_handed() && step < kSteps + 150)) {
-    const bool dies_now = victim && step == s.step;
+    const bool dies_now = victim && !back && step == s.step;
     if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
     if (dies_now && s.point == BeforeBegin) fault_now(s);
     if (dies_now && s.point == Stalls)  // past the others' timeout and their wait for late ranks
@@ -394,6 +405,12 @@ int worker(const Scenario& s, int id) {
     }
     // Recover, then take the state of the rank that committed the most.
     change(false);
+    if (rejoining) {  // left out: a joiner now, whose steps start at its admission
+      rejoining = false, back = true;
+      enter(true);
+      log.str("");
+      change(true);
+    }
     end = std::max<int64_t>(end, step + 2);
     find_grads();
     recovered = true;
@@ -518,13 +535,13 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
             "the rank cut off did not learn it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim && s.point == Stalls) {
+    if (r == s.victim && s.point == Stalls && !s.rejoin) {
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 7))
         why +=
             "the stalled rank was not told it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim || r == s.victim2 || r == s.np + 1) {
+    if ((r == s.victim && !s.rejoin) || r == s.victim2 || r == s.np + 1) {
       if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "a victim (or the ghost) was not killed; ";
       continue;
     }
@@ -535,16 +552,20 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   }
   if (!why.empty()) return why;
   // Every survivor: the same log and bitwise the same parameters; the joiner the log's last steps
-  // and the same parameters.
+  // and the same parameters (a rank that joined again counts as a joiner: checked after the others).
   std::string ref_log, ref_params;
   uint64_t latest_first = 0;
-  for (int r = 0; r < procs; ++r) {
-    if (r == s.victim || r == s.victim2 || r == s.np + 1) continue;
+  std::vector<int> order;
+  for (int r = 0; r < procs; ++r)
+    if (!(s.rejoin && r == s.victim)) order.push_back(r);
+  if (s.rejoin) order.push_back(s.victim);
+  for (int r : order) {
+    if ((r == s.victim && !s.rejoin) || r == s.victim2 || r == s.np + 1) continue;
     const std::string out = read_file(s.dir + "/out." + std::to_string(r));
     const size_t a = out.find("first_commit_after "), b = out.find("params");
     if (a == std::string::npos || b == std::string::npos) return "rank id " + std::to_string(r) + " wrote no result";
     const std::string lg = out.substr(0, a), pr = out.substr(b);
-    if (r == s.np) {
+    if (r == s.np || (r == s.victim && s.rejoin)) {  // a joiner: the last steps, the same parameters
       const size_t ad = out.find("admitted_ms ");
       if (ad != std::string::npos) *admission_ms = std::strtod(out.c_str() + ad + 12, nullptr);
       if (lg.empty() || lg.size() > ref_log.size() || ref_log.compare(ref_log.size() - lg.size(), lg.size(), lg) != 0)
@@ -630,7 +651,7 @@ int main(int argc, char** argv) {
     s.step = static_cast<int>(rng() % (kSteps - 2));
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
-    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
+    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false, s.rejoin = rng() % 2 == 0;
     // (cut scenarios: one victim and no joiner; found at the timeout, so a short one)
     s.cut = netns && s.point != Stalls && !s.external && rng() % 4 == 0;
     if (s.cut) s.timeout_ms = 3000;
@@ -645,16 +666,23 @@ int main(int argc, char** argv) {
     // Every fourth scenario (each one under ELASTIC_SECOND=1): 3 to 5 ranks, and a second rank killed
     // at a random point of the first recovery; every report must still be relative to the world the
     // survivors held before it, however many attempts failed.
-    if (k % 4 == 3 || std::getenv("ELASTIC_SECOND")) {
+    const bool rejoin = std::getenv("ELASTIC_REJOIN") || (k % 6 == 1 && k % 4 != 3 && !std::getenv("ELASTIC_SECOND"));
+    if (!rejoin && (k % 4 == 3 || std::getenv("ELASTIC_SECOND"))) {
       s.np = 3 + static_cast<int>(rng() % 3);
       s.point = static_cast<int>(rng() % kPoints), s.timeout_ms = kTimeoutMs;
-      s.cut = s.replace = s.ghost = false;
+      s.cut = s.replace = s.ghost = s.rejoin = false;
       const int first = s.tcp && !s.external ? 1 : 0;  // rank 0 of a tcp:// store holds it: never killed
       s.victim = first + static_cast<int>(rng() % static_cast<unsigned>(s.np - first));
       s.victim2 = first + static_cast<int>(rng() % static_cast<unsigned>(s.np - first - 1));
       if (s.victim2 >= s.victim) ++s.victim2;
       s.in_recovery = true;
       s.recovery_us = static_cast<int>(rng() % kRecoveryUs);
+    } else if (rejoin) {
+      // And two in twelve (each one under ELASTIC_REJOIN=1): the victim stalls, is left out, and
+      // joins again from the same process as a joiner would; it must end bitwise equal to the others.
+      s.point = Stalls, s.timeout_ms = 2000, s.rejoin = true;
+      s.tcp = s.external = s.cut = s.replace = s.ghost = s.in_recovery = false, s.victim2 = -1;
+      s.victim = static_cast<int>(rng() % static_cast<unsigned>(s.np));
     }
     s.layout = static_cast<int>(rng() % 2);
     s.streams = 1 + static_cast<int>(rng() % 2);
@@ -693,6 +721,7 @@ int main(int argc, char** argv) {
                              : "file",
                   s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point.c_str(), second,
                   s.cut       ? " (alive, on another host)"
+                  : s.rejoin  ? ", joins again from its process"
                   : s.ghost   ? ", a joiner dies on its way in, a replacement joins"
                   : s.replace ? ", a replacement joins"
                               : "");
@@ -703,7 +732,10 @@ int main(int argc, char** argv) {
       if (ms >= 0)
         std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
       else
-        std::printf("  ok   %s (%s)\n", what, s.victim2 >= 0 ? "both recovered from" : "left out, told so");
+        std::printf("  ok   %s (%s)\n", what,
+                    s.victim2 >= 0 ? "both recovered from"
+                    : s.rejoin     ? "left out, told so, joined again from the same process"
+                                   : "left out, told so");
     } else {
       ++fail;
       std::printf("  FAIL %s: %s\n", what, why.c_str());
