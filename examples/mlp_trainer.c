@@ -41,7 +41,8 @@
  *                  rank RANK (its number at the start) SIGKILLs itself before step STEP's backward.
  *                  A process started with DDP_JOIN=1 (tools/ddp_launch --max-restarts restarts a dead
  *                  rank so) joins the running job: ddp_comm_join_gloo, then ddp_recover admits it at
- *                  the job's next step boundary and it takes the job's state
+ *                  the job's next step boundary and it takes the job's state (if the job ends
+ *                  first, its ddp_recover says so and it exits 0)
  *   --compression  how f32 grads travel (ddp_config_t.compression): int8 blocks with error feedback,
  *                  or a 16-bit wire; compare the losses with --compression none
  *   --update-after-finish  update every layer after ddp_finish_backward. By default (host grads, not
@@ -594,6 +595,10 @@ static int recover(trainer_t* t, model_t* m, float** s1, float** s2, const optio
   for (int tries = 1; st == DDP_ERR_TIMEOUT && tries < 3; ++tries) {
     fprintf(stderr, "rank %d: ddp_recover: %s; trying again\n", g_rank, ddp_last_error());
     st = ddp_recover(t->ddp, &mb, NULL, 0);
+  }
+  if (st == DDP_ERR_ABORTED && t->rank < 0) { /* a joiner the job never admitted: it ended first */
+    fprintf(stderr, "joiner: %s; nothing left to do\n", ddp_last_error());
+    exit(0);
   }
   if (st != DDP_SUCCESS) {
     fprintf(stderr, "rank %d: ddp_recover failed: %s: %s\n", g_rank, ddp_status_string(st), ddp_last_error());

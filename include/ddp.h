@@ -88,7 +88,8 @@ typedef enum ddp_dtype {
   DDP_F32 = 2,
   DDP_F64 = 3,
   DDP_DTYPE_COUNT, /* grads are of the types above */
-  /* Integers, for ddp_allreduce_host alone (token counts, metrics): never a grad. */
+  /* Integers, for ddp_allreduce_host and ddp_broadcast (token counts, metrics, a step count): never a
+   * grad. */
   DDP_I32 = 16,
   DDP_I64 = 17
 } ddp_dtype_t;
@@ -274,8 +275,9 @@ DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int ran
  * ddp_recover: it asks the job to admit this process and waits up to `timeout_ms` (0: forever) for
  * the job's next step boundary (the job's ranks notice the request within about 100 ms, agree on it
  * in their next synced iteration, and admit it at the one after). Every other call of that context
- * answers DDP_ERR_RANK_JOINING until then. The join goes to the context made over the job's first
- * Gloo communicator (one elastic context per job admits joiners). */
+ * answers DDP_ERR_RANK_JOINING until then; a job that ends first says so (DDP_ERR_ABORTED, see
+ * ddp_recover). The join goes to the context made over the job's first Gloo communicator (one
+ * elastic context per job admits joiners). */
 DDP_API ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp_comm_t* comm);
 
 /* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process
@@ -632,8 +634,10 @@ typedef struct ddp_membership {
   int rank;       /* this rank's number from now on, 0 .. world - 1 (the survivors keep their order;
                      joiners come after them) */
   int world;      /* how many ranks there are from now on */
-  int old_rank;   /* this rank's number before (-1 on a joiner) */
-  int old_world;  /* how many ranks there were before (on a joiner: in the job it joined) */
+  /* "Before" is the membership this rank last held: the last one ddp_create or a ddp_recover that
+   * succeeded gave it, however many ddp_recover attempts failed since (so are `members`' numbers). */
+  int old_rank;  /* this rank's number before (-1 on a joiner) */
+  int old_world; /* how many ranks there were before (on a joiner: in the job it joined) */
   /* The rank (new number) whose state every rank should take before the next iteration, with
    * ddp_broadcast (parameters, optimizer state, step count) or ddp_broadcast_params: one of the
    * ranks that committed the most iterations. A failed iteration may have completed on some ranks
@@ -651,12 +655,15 @@ typedef struct ddp_membership {
  * rebuilds the context over it. Each rank checks in through the communicator's rendezvous store; the
  * ranks of the old world that never check in and no longer answer (their process is gone, or cut
  * off) are dropped at once; a rank that is alive but late is waited for up to timeout_ms, then
- * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and must exit). The
+ * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and its context is aborted:
+ * destroy it and its communicator; to take part again, the same process joins the job as any joiner
+ * does, ddp_comm_join_gloo over the job's store, a new context and ddp_recover). The
  * survivors keep their order and are renumbered 0 .. world - 1; every registration stays, the plan
  * is kept, and the averages divide by the new world. Afterwards take the state of
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
  * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
- * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner).
+ * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner): the
+ * membership this rank last held, even after attempts that returned DDP_ERR_TIMEOUT.
  * DDP_ERR_TIMEOUT when the membership could not be agreed within timeout_ms (the store is gone: a
  * TCP store lives in rank 0's process, a file store outlives every rank), or when another rank was
  * lost while the new communicators were being made (each attempt then takes up to about twice
@@ -673,7 +680,9 @@ typedef struct ddp_membership {
  * (ddp_broadcast, or ddp_broadcast_params) and go on from membership->committed iterations. The job
  * refuses a joiner whose config or grads differ from its own: DDP_ERR_MISMATCH with the job's
  * reason; DDP_ERR_TIMEOUT when no job admitted it in time. Either way it stays a joiner and may ask
- * again.
+ * again. When the job ends first (every rank of its membership called ddp_destroy), the joiner
+ * learns it within about 100 ms: DDP_ERR_ABORTED, "the job at ... ended before admitting this
+ * process ...: there is no job left to join"; its context is aborted (destroy it).
  * DDP_ERR_INVALID_STATE when no rank was lost and none waits to join (or the context is not
  * elastic). */
 DDP_API ddp_status_t ddp_recover(ddp_t ddp, ddp_membership_t* membership, int* members, size_t capacity);
@@ -910,7 +919,10 @@ DDP_API ddp_status_t ddp_wait_params(ddp_t ddp, int index, void* stream);
 DDP_API ddp_status_t ddp_shard_norm(ddp_t ddp, void* stream, double* norm, uint64_t* nonfinite);
 
 /* Destroys the context: waits for its work (bounded by timeout_ms), frees its buffers (arena views
- * become invalid) and its communicator duplicates. Accepts NULL. Not collective. */
+ * become invalid) and its communicator duplicates. Accepts NULL. Not collective. An elastic rank
+ * says in the store that it left (a second at most); when every rank of the membership it held has
+ * left, the job has ended, and a joiner still waiting to be admitted is told so at once (see
+ * ddp_recover). */
 DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
 
 /* ------------------------------------------------------------------------------------------------

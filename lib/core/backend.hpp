@@ -257,6 +257,17 @@ class JoinDesk {
   virtual void answer(int64_t slot, const std::string& text) = 0;
   // The joiner's heartbeat while it waits (a counter it bumps every 100 ms), if it has one.
   virtual bool beat(int64_t slot, std::string* value) = 0;
+  // Whether `slot` holds an answer already (a request of an earlier job over the same store, whose
+  // joiner learned that job's end, is settled so).
+  virtual bool answered(int64_t slot) = 0;
+  // A context that admits joiners starts (rank 0): whatever an earlier one over this store did, its
+  // job has not ended.
+  virtual void open(Deadline dl) = 0;
+  // Rank `rank` of the `world` ranks of the membership this desk came from (Comm::join_desk of its
+  // communicator) leaves the job, its context destroyed. The last of them to leave marks the job
+  // ended, so that a joiner still waiting is told at once instead of waiting out its bound. Within
+  // `dl`; throws if the store fails.
+  virtual void leave(int rank, int world, Deadline dl) = 0;
 };
 
 class Comm;

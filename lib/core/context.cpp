@@ -20,14 +20,14 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
       fail(DDP_ERR_INVALID_ARGUMENT,
            "a joiner's communicator (ddp_comm_join_gloo) needs config.elastic: only an elastic job admits ranks");
     joining_ = true;
-    rank_ = -1;
-    world_ = 0;
+    rank_ = held_rank_ = -1;
+    world_ = held_world_ = 0;
     base_ = comm.dup();
     device_ = comm.make_device();
     return;
   }
-  rank_ = comm.rank();
-  world_ = comm.size();
+  rank_ = held_rank_ = comm.rank();
+  world_ = held_world_ = comm.size();
   // The duplications below are collective: each waits for every rank, within timeout_ms in all.
   const CreationScope bounded(deadline());
   ctrl_ = comm.dup();
@@ -41,6 +41,7 @@ Context::Context(Comm& comm, const Settings& settings) : cfg_(settings) {
   device_ = comm.make_device();
   attach(comm);
   check_stream_comms();
+  if (cfg_.c.elastic && (held_desk_ = ctrl_->join_desk()) && rank_ == 0) held_desk_->open(deadline());
   if (cfg_.c.compression != DDP_COMPRESS_NONE && cfg_.c.compression != DDP_COMPRESS_INT8 &&
       comm.memory() == Memory::Device) {
     const Dtype w = cfg_.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
@@ -113,6 +114,7 @@ void Context::check_stream_comms() {
 
 Context::~Context() {
   join_watch_.reset();
+  leave_job();
   set_call(Call::Destroyed);
   // Destroyed in the middle of a backward pass: the launched buckets may be waiting for peers that
   // will never match them. Abort first, so that they (and the peers, where the engine allows) stop.

@@ -79,7 +79,7 @@ class Context {
   std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
   Regrouped agree_members(Deadline window, Deadline dl);
   // `members`: each new rank's number in the communicator the agreement ran over (a loss; none for
-  // an admission).
+  // an admission: the ranks keep their numbers, the joiners come after them).
   void rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members = nullptr);
   Deadline membership_deadline() const;
   // The communicators, streams, prober and reducer of the generation that ends, dropped.
@@ -88,10 +88,10 @@ class Context {
   void join_job(ddp_membership_t* out, int* members, size_t capacity);
   void admit_joiners(ddp_membership_t* out, int* members, size_t capacity);
   // After a rebuild: whose state every rank takes (the first of those that committed the most), and
-  // the report of the change. `members`: each new rank's old number (-1: a joiner).
-  void settle_membership(int old_rank, int old_world, const std::vector<int>& members,
-                         const std::vector<int64_t>& committed, ddp_membership_t* out, int* members_out,
-                         size_t capacity);
+  // the report of the change. `members`: each new rank's old number (-1: a joiner). The membership
+  // reported is the one held from now on.
+  void settle_membership(int old_rank, int old_world, std::vector<int> members, const std::vector<int64_t>& committed,
+                         ddp_membership_t* out, int* members_out, size_t capacity);
   // The join requests the ranks agreed on in an exchange (the highest slot any rank's watch saw).
   void note_joins(int64_t upto);
   void watch_joins();
@@ -99,6 +99,9 @@ class Context {
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
   void confirm_members(Comm& made, Deadline dl);
+  // Elastic: this member leaves the job (ddp_destroy); the last one to leave tells the joiners still
+  // waiting that the job ended.
+  void leave_job();
   // Whether an error of status `st` is taken for a lost peer (elastic contexts): a timeout, an abort
   // (a severed connection), or an NCCL error (NCCL reports a dead peer as a remote or system error).
   bool peer_failure(ddp_status_t st) const {
@@ -216,7 +219,14 @@ class Context {
   // After a rebuild that failed half way: each rank of base_'s number in prober_'s (which is the
   // generation's before); empty: the same numbers.
   std::vector<int> probe_numbers_;
-  std::unique_ptr<Prober> prober_;  // last member: destroyed first, while what it reads still exists
+  // Elastic: the membership this rank last held (the last that ddp_create or a ddp_recover that
+  // succeeded gave it; -1 and 0 on a joiner), which ddp_recover reports against: a failed attempt may
+  // have left base_ over another. held_numbers_: each rank of base_'s number in it (-1: a joiner of
+  // a failed admission; empty: the same numbers).
+  int held_rank_ = 0, held_world_ = 1;
+  std::vector<int> held_numbers_;
+  std::shared_ptr<JoinDesk> held_desk_;  // where the members of that membership say they left (leave_job)
+  std::unique_ptr<Prober> prober_;       // last member: destroyed first, while what it reads still exists
 };
 
 template <class F>

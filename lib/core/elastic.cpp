@@ -80,7 +80,6 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   }
   // Ranks alive but late are waited for up to timeout_ms; the whole agreement ends within twice that.
   const Deadline dl = membership_deadline();
-  const int old_rank = rank_, old_world = world_;
   try {
     Regrouped g = agree_members(Deadline::after_ms(t), dl);
     // The agreement may have spent most of the bound waiting for a rank that then died: the members
@@ -90,7 +89,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
     confirm_members(*g.comm, made);
     rebuild(std::move(g.comm), made, &g.members);
     lost_ = false;
-    settle_membership(old_rank, old_world, g.members, g.committed, out, members, capacity);
+    settle_membership(held_rank_, held_world_, held_numbers_, g.committed, out, members, capacity);
   } catch (const Error& e) {
     // A member of the new world lost on the way (its connection closed, NCCL's creation failed for
     // it): one more change, which the next ddp_recover makes. Refusals and a rank left out stay.
@@ -102,7 +101,7 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   }
 }
 
-void Context::settle_membership(int old_rank, int old_world, const std::vector<int>& list,
+void Context::settle_membership(int old_rank, int old_world, std::vector<int> list,
                                 const std::vector<int64_t>& committed, ddp_membership_t* out, int* members,
                                 size_t capacity) {
   if (committed.empty()) {  // no change after all (every joiner was passed over, or failed to arrive)
@@ -126,6 +125,9 @@ void Context::settle_membership(int old_rank, int old_world, const std::vector<i
   progress_.iteration.store(most, std::memory_order_relaxed);
   ++epoch_;
   attempts_ = 0;
+  held_rank_ = rank_, held_world_ = world_;
+  held_numbers_.clear();
+  held_desk_ = ctrl_->join_desk();
   stragglers_.reset();
   std::string text;
   for (int m : list) text += (text.empty() ? "" : ", ") + (m < 0 ? std::string("joiner") : std::to_string(m));
@@ -196,6 +198,17 @@ Deadline Context::membership_deadline() const {
   return Deadline::after_ms(t > 0 && t < INT64_MAX / 2 ? 2 * t : t);
 }
 
+// Counted under the membership last held (a failed recovery may have left ctrl_ over another). A
+// second at most: the store may have gone with rank 0, and a member that cannot say it left only
+// leaves the joiners to their own bound.
+void Context::leave_job() {
+  if (!held_desk_ || joining_ || aborted_ || held_rank_ < 0) return;
+  try {
+    held_desk_->leave(held_rank_, held_world_, Deadline::after_ms(1000));
+  } catch (...) {
+  }
+}
+
 void Context::retire() {
   join_watch_.reset();
   reducer_.reset();
@@ -224,9 +237,17 @@ void Context::rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector
     kept = std::move(prober_);
     for (int m : *members) numbers.push_back(probe_numbers_.empty() ? m : probe_numbers_[static_cast<size_t>(m)]);
   }
+  // Each new rank's number in the membership last held, which the report of this change (or, should
+  // this rebuild fail, of the next attempt's) gives.
+  std::vector<int> held(static_cast<size_t>(comm->size()), -1);
+  for (size_t i = 0; i < held.size(); ++i) {
+    const int was = members ? (*members)[i] : static_cast<int>(i) < world_ ? static_cast<int>(i) : -1;
+    if (was >= 0) held[i] = held_numbers_.empty() ? was : held_numbers_[static_cast<size_t>(was)];
+  }
   retire();
   prober_ = std::move(kept);
   probe_numbers_ = std::move(numbers);
+  held_numbers_ = std::move(held);
   base_ = std::move(comm);
   {
     const CreationScope bounded(dl);
@@ -276,7 +297,7 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
     for (int64_t slot = from; slot < upto; ++slot) {
       std::string text;
       bool expired = false;
-      if (!desk->request(slot, &text)) continue;
+      if (!desk->request(slot, &text) || desk->answered(slot)) continue;
       const std::string why = refuse_join(text, terms, &expired);
       if (!why.empty()) desk->answer(slot, "R" + why);
       // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain; told
@@ -287,7 +308,6 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
     }
   }
   std::vector<int64_t> slots;
-  const int old_rank = rank_, old_world = world_;
   std::unique_ptr<Comm> comm;
   int32_t ok = 1;
   fatal_on_error([&] { ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, dl); });
@@ -320,9 +340,7 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
     const int64_t mine = static_cast<int64_t>(iterations_);
     ctrl_->allgather_host(&mine, committed.data(), sizeof mine, dl);
   });
-  std::vector<int> list(static_cast<size_t>(world_), -1);
-  for (int r = 0; r < old_world; ++r) list[static_cast<size_t>(r)] = r;
-  settle_membership(old_rank, old_world, list, committed, out, members, capacity);
+  settle_membership(held_rank_, held_world_, held_numbers_, committed, out, members, capacity);
 }
 
 // A joiner: files its request, waits for the job's answer, and takes part in the rebuild that every
@@ -343,6 +361,10 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
     // closed what it had made: another joiner of it never came) is one more try to make.
     const bool refused = std::strstr(e.what(), "refused this process") != nullptr;
     if (e.status() == DDP_ERR_TIMEOUT || refused) throw;
+    if (std::strstr(e.what(), "ended before admitting") != nullptr) {  // nothing left to join
+      abort(e);
+      throw;
+    }
     fail(DDP_ERR_TIMEOUT, "the admission did not complete (call ddp_recover again to ask again): %s", e.what());
   }
   std::unique_ptr<Comm> joiner = std::move(base_);
@@ -364,8 +386,9 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
     retire();
     base_ = std::move(joiner);
     joining_ = true;
-    rank_ = -1;
-    world_ = 0;
+    rank_ = held_rank_ = -1;
+    world_ = held_world_ = 0;
+    held_numbers_.clear();
     state_ = State::Open;
     fail(e.status() == DDP_ERR_MISMATCH ? DDP_ERR_MISMATCH : DDP_ERR_TIMEOUT,
          "the admission did not complete (call ddp_recover again to ask again): %s", e.what());

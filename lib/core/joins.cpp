@@ -92,7 +92,8 @@ void JoinWatch::run() {
       while (desk_->request(next_, &text)) {
         bool expired = false;
         const std::string why = refuse_join(text, job_, &expired);
-        if (!why.empty()) {
+        if (desk_->answered(next_)) {  // settled before this job saw it
+        } else if (!why.empty()) {
           desk_->answer(next_, "R" + why);
         } else if (!expired) {
           std::lock_guard<std::mutex> beats(beats_mu_);

@@ -47,6 +47,9 @@ namespace {
 constexpr int kSteps = 8;
 constexpr double kLr = 0.05;
 constexpr int64_t kTimeoutMs = 20000;
+// A second death inside a recovery comes this long at most after the victim enters it: past the
+// survivors' agreement and rebuild (about 100-300 ms here), so that every point of them is drawn.
+constexpr int kRecoveryUs = 600000;
 // The bound on the first step after a death is timeout_ms + 1 s; under a sanitizer (several times
 // slower) the second is stretched: its figures are taken in the plain build (make elastic-heavy).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -71,12 +74,13 @@ const char* point_name(int p) {
 
 struct Scenario {
   int np = 3, victim = 0, step = 0, point = 0, ready = 0, delay_us = 0, layout = 0, streams = 1;
-  // A second death (np 4): victim2 is killed before its backward at step2, or (in_recovery) as it
-  // enters the first recovery, so that the others' membership agreement loses it too.
-  int victim2 = -1, step2 = 0;
+  // A second death: victim2 is killed before its backward at step2, or (in_recovery) recovery_us after
+  // it enters the first recovery, at any point of the others' agreement and rebuild (or just after).
+  int victim2 = -1, step2 = 0, recovery_us = 0;
   bool in_recovery = false;
   int64_t timeout_ms = kTimeoutMs;
   bool replace = false;   // a new process (identity np) joins after the death
+  bool rejoin = false;    // the stalled victim, left out, joins again from its own process
   bool ghost = false;     // and before it, one (identity np + 1) asks to join and dies on its way in
   bool cut = false;       // the victim's link is cut (network namespaces) instead of its process killed
   bool tcp = false;       // tcp:// store (lives in rank 0, so rank 0 is never the victim) or file://
@@ -177,25 +181,36 @@ ddp_status_t learn_ids(ddp_t ddp, int id, const ddp_membership_t& m, std::vector
   return st;
 }
 
+// What is wrong with a ddp_recover report ("" if nothing): every field is relative to `held`, the
+// membership this rank last held (each rank's identity; -1: a joiner not yet named), however many
+// attempts failed since. A joiner's first report names the job's ranks 0 .. old_world - 1 and -1s.
+std::string check_report(const ddp_membership_t& m, const std::vector<int>& members, const std::vector<int>& held,
+                         int id, bool fresh_joiner) {
+  char why[200] = "";
+  const int old_world = fresh_joiner ? m.old_world : static_cast<int>(held.size());
+  if (m.world < 1 || m.rank < 0 || m.rank >= m.world || static_cast<size_t>(m.world) > members.size())
+    std::snprintf(why, sizeof why, "rank %d of %d", m.rank, m.world);
+  else if (m.old_world != old_world)
+    std::snprintf(why, sizeof why, "old_world %d, but this rank last held a world of %d", m.old_world, old_world);
+  else if (fresh_joiner ? m.old_rank != -1
+                        : m.old_rank < 0 || m.old_rank >= old_world || held[static_cast<size_t>(m.old_rank)] != id)
+    std::snprintf(why, sizeof why, "old_rank %d, not this rank's number in the world it last held", m.old_rank);
+  else if (members[static_cast<size_t>(m.rank)] != m.old_rank)
+    std::snprintf(why, sizeof why, "members[%d] = %d, this rank's old_rank %d", m.rank,
+                  members[static_cast<size_t>(m.rank)], m.old_rank);
+  for (int i = 0, last = -1; !*why && i < m.world; ++i) {  // old numbers in order (survivors keep theirs)
+    const int was = members[static_cast<size_t>(i)];
+    if (was >= old_world || (was >= 0 && was <= last) || (fresh_joiner && was >= 0 && was != i))
+      std::snprintf(why, sizeof why, "members[%d] = %d in a world of %d, after %d", i, was, old_world, last);
+    if (was >= 0) last = was;
+  }
+  return *why ? "ddp_recover's report: " + std::string(why) : "";
+}
+
 // One rank's run; `id` is its rank at creation (its identity: the membership log names ids), or for
 // the joiner of a replacement scenario np (np + 1: a joiner that dies on its way in).
 int worker(const Scenario& s, int id) {
   const bool joiner = id >= s.np, ghost = id == s.np + 1;
-  ddp_comm_t comm = nullptr;
-  if (joiner)
-    CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
-  else
-    CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
-  ddp_config_t cfg;
-  ddp_config_init(&cfg);
-  cfg.elastic = 1;
-  cfg.timeout_ms = s.timeout_ms;
-  cfg.layout = s.layout;
-  cfg.num_streams = s.streams;
-  cfg.message_size = 3000;
-  cfg.unused_policy = DDP_UNUSED_ZERO;
-  ddp_t ddp = nullptr;
-  CHECK_OK(ddp_create(comm, &cfg, &ddp));
   const size_t ng = s.sizes.size();
   std::vector<std::vector<float>> params(ng), own(ng);
   std::vector<float*> grads(ng);
@@ -203,9 +218,31 @@ int worker(const Scenario& s, int id) {
     params[g].resize(s.sizes[g]);
     for (size_t i = 0; i < s.sizes[g]; ++i) params[g][i] = init_value(g, i);
     own[g].resize(s.sizes[g]);
-    int index = 0;
-    CHECK_OK(ddp_register_grad(ddp, s.layout ? nullptr : own[g].data(), s.sizes[g], DDP_F32, 0, &index));
   }
+  ddp_comm_t comm = nullptr;
+  ddp_t ddp = nullptr;
+  // The communicator and the context with the job's grads: a rank's at the start, or a joiner's (a
+  // replacement, or a rank left out that joins again in the same process).
+  auto enter = [&](bool as_joiner) {
+    if (as_joiner)
+      CHECK_OK(ddp_comm_join_gloo(s.store.c_str(), 60000, &comm));
+    else
+      CHECK_OK(ddp_comm_init_gloo_timeout(s.store.c_str(), id, s.np, 60000, &comm));
+    ddp_config_t cfg;
+    ddp_config_init(&cfg);
+    cfg.elastic = 1;
+    cfg.timeout_ms = s.timeout_ms;
+    cfg.layout = s.layout;
+    cfg.num_streams = s.streams;
+    cfg.message_size = 3000;
+    cfg.unused_policy = DDP_UNUSED_ZERO;
+    CHECK_OK(ddp_create(comm, &cfg, &ddp));
+    for (size_t g = 0; g < ng; ++g) {
+      int index = 0;
+      CHECK_OK(ddp_register_grad(ddp, s.layout ? nullptr : own[g].data(), s.sizes[g], DDP_F32, 0, &index));
+    }
+  };
+  enter(joiner);
   auto find_grads = [&] {
     for (size_t g = 0; g < ng; ++g) {
       void* p = nullptr;
@@ -233,12 +270,17 @@ int worker(const Scenario& s, int id) {
   };
   // A membership change: ddp_recover, every rank's identity, the state of the source. A rank lost on
   // the way (a joiner that died as it was admitted) is one more change: round again.
+  bool rejoining = false, back = false;  // (a rank left out that joins again; back: it did)
   auto change = [&](bool first_of_joiner) {
     const std::vector<int> before = ids;  // the ranks of the steps this rank may have missed
     ddp_membership_t m;
     for (int round = 0;; ++round) {
       std::vector<int> members(static_cast<size_t>(s.np) + 2, -1);
-      if (id == s.victim2 && s.in_recovery && round == 0) die_now(s, false);
+      if (id == s.victim2 && s.in_recovery && round == 0)  // at a random point of this recovery
+        std::thread([&s] {
+          std::this_thread::sleep_for(std::chrono::microseconds(s.recovery_us));
+          die_now(s, false);
+        }).detach();
       ddp_status_t st = ddp_recover(ddp, &m, members.data(), members.size());
       // A survivor that died after checking in leaves the others waiting for its connection: they
       // get DDP_ERR_TIMEOUT and try again, under a new name, without it.
@@ -251,25 +293,42 @@ int worker(const Scenario& s, int id) {
         _exit(left_out || !s.tcp ? 7 : 8);
       }
       if (victim && s.point == Stalls && left_out) {
-        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job
+        ddp_destroy(ddp);  // the others went on without this rank: it leaves the job,
         ddp_comm_destroy(comm);
-        _exit(7);
+        if (!s.rejoin) _exit(7);
+        rejoining = true;  // or joins it again from this process, as a joiner would
+        return;
       }
       CHECK_OK(st);
-      if (first_of_joiner && round == 0 && (m.old_rank != -1 || m.behind != 1)) {
+      const bool fresh = first_of_joiner && round == 0;
+      if (fresh && (m.old_rank != -1 || m.behind != 1)) {
         std::fprintf(stderr, "rank id %d: a joiner's membership says old_rank %d, behind %d\n", id, m.old_rank,
                      m.behind);
         _exit(5);
       }
-      const std::vector<int> old_ids = ids;
-      st = learn_ids(ddp, id, m, &ids);
-      for (int i = 0; st == DDP_SUCCESS && round == 0 && !first_of_joiner && i < m.world; ++i) {
-        const int was = members[static_cast<size_t>(i)];  // each new rank's old number (-1: a joiner)
-        if (was >= 0 && ids[static_cast<size_t>(i)] != old_ids[static_cast<size_t>(was)]) {
-          std::fprintf(stderr, "rank id %d: members[%d] = %d names the wrong rank\n", id, i, was);
+      const std::string bad = check_report(m, members, ids, id, fresh);
+      if (!bad.empty()) {
+        std::fprintf(stderr, "rank id %d (round %d): %s\n", id, round, bad.c_str());
+        _exit(5);
+      }
+      // The membership held from now on: each rank's identity by `members`, checked against what the
+      // ranks say of themselves (a loss before they could say it leaves the joiners unnamed).
+      std::vector<int> now(static_cast<size_t>(m.world), -1), told;
+      for (int i = 0; i < m.world && !fresh; ++i) {
+        const int was = members[static_cast<size_t>(i)];
+        if (was >= 0) now[static_cast<size_t>(i)] = ids[static_cast<size_t>(was)];
+      }
+      now[static_cast<size_t>(m.rank)] = id;
+      ids = now;
+      st = learn_ids(ddp, id, m, &told);
+      for (int i = 0; st == DDP_SUCCESS && i < m.world; ++i) {
+        if (now[static_cast<size_t>(i)] >= 0 && told[static_cast<size_t>(i)] != now[static_cast<size_t>(i)]) {
+          std::fprintf(stderr, "rank id %d (round %d): members[%d] = %d names rank id %d, not %d\n", id, round, i,
+                       members[static_cast<size_t>(i)], now[static_cast<size_t>(i)], told[static_cast<size_t>(i)]);
           _exit(5);
         }
       }
+      if (st == DDP_SUCCESS) ids = told;
       if (st == DDP_SUCCESS) st = take_state(m);
       if (st == DDP_ERR_RANK_LOST) continue;
       CHECK_OK(st);
@@ -297,14 +356,14 @@ int worker(const Scenario& s, int id) {
   std::mt19937 order_rng(static_cast<unsigned>(id * 77 + 1));
   // Replacement scenarios: while a rank is missing the steps slow down (the joiner has time to come),
   // and the run goes on until it is back (bounded: 150 more steps).
-  auto short_handed = [&] { return s.replace && ids.size() < static_cast<size_t>(s.np); };
+  auto short_handed = [&] { return (s.replace || s.rejoin) && ids.size() < static_cast<size_t>(s.np); };
   // Every membership change is followed by two committed steps on every rank (a joiner admitted at
   // the last step boundary trains too): each rank counts from the change's committed step, the same
   // on all of them.
   int64_t end = kSteps;
   if (joiner) end = std::max<int64_t>(end, step + 2);
   while (step < end || (short_handed() && step < kSteps + 150)) {
-    const bool dies_now = victim && step == s.step;
+    const bool dies_now = victim && !back && step == s.step;
     if (id == s.victim2 && !s.in_recovery && step == s.step2) die_now(s, false);
     if (dies_now && s.point == BeforeBegin) fault_now(s);
     if (dies_now && s.point == Stalls)  // past the others' timeout and their wait for late ranks
@@ -346,10 +405,18 @@ int worker(const Scenario& s, int id) {
     }
     // Recover, then take the state of the rank that committed the most.
     change(false);
+    if (rejoining) {  // left out: a joiner now, whose steps start at its admission
+      rejoining = false, back = true;
+      enter(true);
+      log.str("");
+      change(true);
+    }
     end = std::max<int64_t>(end, step + 2);
     find_grads();
     recovered = true;
   }
+  if (id == s.victim2)
+    for (;;) pause();  // killed later than its recovery: it dies, as the runner expects
   std::ofstream out(s.dir + "/out." + std::to_string(id));
   out << log.str();
   out << "first_commit_after " << first_commit_after << "\n";
@@ -468,13 +535,13 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
             "the rank cut off did not learn it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim && s.point == Stalls) {
+    if (r == s.victim && s.point == Stalls && !s.rejoin) {
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 7))
         why +=
             "the stalled rank was not told it was left out: " + read_file(s.dir + "/err." + std::to_string(r)) + "; ";
       continue;
     }
-    if (r == s.victim || r == s.victim2 || r == s.np + 1) {
+    if ((r == s.victim && !s.rejoin) || r == s.victim2 || r == s.np + 1) {
       if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) why += "a victim (or the ghost) was not killed; ";
       continue;
     }
@@ -485,16 +552,20 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   }
   if (!why.empty()) return why;
   // Every survivor: the same log and bitwise the same parameters; the joiner the log's last steps
-  // and the same parameters.
+  // and the same parameters (a rank that joined again counts as a joiner: checked after the others).
   std::string ref_log, ref_params;
   uint64_t latest_first = 0;
-  for (int r = 0; r < procs; ++r) {
-    if (r == s.victim || r == s.victim2 || r == s.np + 1) continue;
+  std::vector<int> order;
+  for (int r = 0; r < procs; ++r)
+    if (!(s.rejoin && r == s.victim)) order.push_back(r);
+  if (s.rejoin) order.push_back(s.victim);
+  for (int r : order) {
+    if ((r == s.victim && !s.rejoin) || r == s.victim2 || r == s.np + 1) continue;
     const std::string out = read_file(s.dir + "/out." + std::to_string(r));
     const size_t a = out.find("first_commit_after "), b = out.find("params");
     if (a == std::string::npos || b == std::string::npos) return "rank id " + std::to_string(r) + " wrote no result";
     const std::string lg = out.substr(0, a), pr = out.substr(b);
-    if (r == s.np) {
+    if (r == s.np || (r == s.victim && s.rejoin)) {  // a joiner: the last steps, the same parameters
       const size_t ad = out.find("admitted_ms ");
       if (ad != std::string::npos) *admission_ms = std::strtod(out.c_str() + ad + 12, nullptr);
       if (lg.empty() || lg.size() > ref_log.size() || ref_log.compare(ref_log.size() - lg.size(), lg.size(), lg) != 0)
@@ -580,7 +651,7 @@ int main(int argc, char** argv) {
     s.step = static_cast<int>(rng() % (kSteps - 2));
     s.point = rng() % 8 == 0 ? Stalls : static_cast<int>(rng() % kPoints);
     // (A stalled rank wakes when the others may be gone, a TCP store with them: file stores only.)
-    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false;
+    if (s.point == Stalls) s.timeout_ms = 2000, s.tcp = s.external = false, s.rejoin = rng() % 2 == 0;
     // (cut scenarios: one victim and no joiner; found at the timeout, so a short one)
     s.cut = netns && s.point != Stalls && !s.external && rng() % 4 == 0;
     if (s.cut) s.timeout_ms = 3000;
@@ -591,6 +662,27 @@ int main(int argc, char** argv) {
       s.in_recovery = rng() % 2 == 0;
       s.step2 = s.step + 1 + static_cast<int>(rng() % static_cast<unsigned>(kSteps - 2 - s.step));
       if (s.tcp && !s.external && s.victim2 == 0) s.victim2 = -1;  // rank 0 holds the store
+    }
+    // Every fourth scenario (each one under ELASTIC_SECOND=1): 3 to 5 ranks, and a second rank killed
+    // at a random point of the first recovery; every report must still be relative to the world the
+    // survivors held before it, however many attempts failed.
+    const bool rejoin = std::getenv("ELASTIC_REJOIN") || (k % 6 == 1 && k % 4 != 3 && !std::getenv("ELASTIC_SECOND"));
+    if (!rejoin && (k % 4 == 3 || std::getenv("ELASTIC_SECOND"))) {
+      s.np = 3 + static_cast<int>(rng() % 3);
+      s.point = static_cast<int>(rng() % kPoints), s.timeout_ms = kTimeoutMs;
+      s.cut = s.replace = s.ghost = s.rejoin = false;
+      const int first = s.tcp && !s.external ? 1 : 0;  // rank 0 of a tcp:// store holds it: never killed
+      s.victim = first + static_cast<int>(rng() % static_cast<unsigned>(s.np - first));
+      s.victim2 = first + static_cast<int>(rng() % static_cast<unsigned>(s.np - first - 1));
+      if (s.victim2 >= s.victim) ++s.victim2;
+      s.in_recovery = true;
+      s.recovery_us = static_cast<int>(rng() % kRecoveryUs);
+    } else if (rejoin) {
+      // And two in twelve (each one under ELASTIC_REJOIN=1): the victim stalls, is left out, and
+      // joins again from the same process as a joiner would; it must end bitwise equal to the others.
+      s.point = Stalls, s.timeout_ms = 2000, s.rejoin = true;
+      s.tcp = s.external = s.cut = s.replace = s.ghost = s.in_recovery = false, s.victim2 = -1;
+      s.victim = static_cast<int>(rng() % static_cast<unsigned>(s.np));
     }
     s.layout = static_cast<int>(rng() % 2);
     s.streams = 1 + static_cast<int>(rng() % 2);
@@ -615,11 +707,11 @@ int main(int argc, char** argv) {
     double ms = -1, admitted = -1;
     const std::string why = run(s, &ms, &admitted);
     char second[96] = "";
-    if (s.victim2 >= 0)
-      std::snprintf(
-          second, sizeof second,
-          s.in_recovery ? "; rank %d killed entering the recovery" : "; rank %d killed before its backward at step %d",
-          s.victim2, s.step2);
+    if (s.victim2 >= 0 && s.in_recovery)
+      std::snprintf(second, sizeof second, "; rank %d killed %.1f ms into the recovery", s.victim2,
+                    s.recovery_us / 1000.0);
+    else if (s.victim2 >= 0)
+      std::snprintf(second, sizeof second, "; rank %d killed before its backward at step %d", s.victim2, s.step2);
     std::string point = point_name(s.point);
     if (s.cut) point.replace(0, 6, "cut off");  // "killed ..." -> "cut off ..."
     char what[320];
@@ -629,6 +721,7 @@ int main(int argc, char** argv) {
                              : "file",
                   s.layout ? "arena" : "copy", s.streams, ng, s.victim, s.step, point.c_str(), second,
                   s.cut       ? " (alive, on another host)"
+                  : s.rejoin  ? ", joins again from its process"
                   : s.ghost   ? ", a joiner dies on its way in, a replacement joins"
                   : s.replace ? ", a replacement joins"
                               : "");
@@ -639,7 +732,10 @@ int main(int argc, char** argv) {
       if (ms >= 0)
         std::printf("  ok   %s (first step after the death: %.0f ms)\n", what, ms);
       else
-        std::printf("  ok   %s (%s)\n", what, s.victim2 >= 0 ? "both recovered from" : "left out, told so");
+        std::printf("  ok   %s (%s)\n", what,
+                    s.victim2 >= 0 ? "both recovered from"
+                    : s.rejoin     ? "left out, told so, joined again from the same process"
+                                   : "left out, told so");
     } else {
       ++fail;
       std::printf("  FAIL %s: %s\n", what, why.c_str());

@@ -87,6 +87,19 @@ ok=0; [ $rc -eq 0 ] && grep -q "rank 1 was killed by signal 9; starting a proces
 check "trainer --elastic over ddp_launch --max-restarts 1: rank 1 killed at step 4, its replacement joins, all 3 agree" \
   $ok "exit $rc; $(tail -n 8 <<<"$out")"
 
+# The job ends before admitting the replacement (rank 1 killed before the last step's backward): the end
+# reaches the waiting replacement at once (DDP_ERR_ABORTED, "ended before admitting"), which exits 0, and
+# the launcher returns in seconds, not after the replacement's 300 s join bound.
+t0=$(date +%s%N)
+out=$(timeout 120 "$root/tools/ddp_launch" --max-restarts 1 -n 3 "$trainer" --comm gloo --elastic --kill 1@7 \
+      --steps 8 --batch 32 --quiet 2>&1); rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+ok=0; [ $rc -eq 0 ] && grep -q "starting a process that joins the running job" <<<"$out" &&
+  grep -q "^joiner: ddp_recover: the job at env:// (.*) ended before admitting this process" <<<"$out" &&
+  grep -q "^ranks agree: .* on all 2 ranks" <<<"$out" && [ $ms -lt 60000 ] && ok=1
+check "ddp_launch --max-restarts: the job ends before admitting the replacement, which hears so at once (${ms} ms)" \
+  $ok "exit $rc; $(tail -n 5 <<<"$out")"
+
 # make demo over Gloo (what it runs without MPI): 2 ranks, the same losses.
 out=$(timeout 300 make --no-print-directory BUILD="$build" DEMO_COMM=gloo DEMO_ARGS="${args[*]}" demo 2>&1); rc=$?
 ok=0; [ $rc -eq 0 ] && grep -q "^mlp_trainer: 2 ranks over gloo" <<<"$out" && [ "$(losses "$out")" = "$demo_ref" ] && ok=1
@@ -98,6 +111,13 @@ out=$("$root/tools/ddp_launch" -n 2 --nnodes 2 --node-rank 1 --master-addr 127.0
 want=$(printf 'env 2 0 4 2 1 127.0.0.1 29999\nenv 3 1 4 2 1 127.0.0.1 29999')
 ok=0; [ "$out" = "$want" ] && ok=1
 check "ddp_launch: node 1 of 2 runs ranks 2 and 3 with torchrun's variables" $ok "got '$out'"
+# A replacement (--max-restarts) has no rank until the job admits it: neither RANK nor WORLD_SIZE (not
+# even the launcher's own), but DDP_JOIN=1, DDP_RESTART and DDP_REPLACES (whose place it takes).
+out=$(RANK=7 WORLD_SIZE=9 "$root/tools/ddp_launch" -n 2 --max-restarts 1 bash -c \
+  'if [ -z "${DDP_JOIN:-}" ]; then [ "$RANK" = 1 ] && exit 3; exit 0; fi
+   echo "replacement RANK=${RANK-unset} WORLD_SIZE=${WORLD_SIZE-unset} DDP_RESTART=$DDP_RESTART DDP_REPLACES=$DDP_REPLACES LOCAL_RANK=$LOCAL_RANK"' 2>&1); rc=$?
+ok=0; [ $rc -eq 0 ] && grep -qx "replacement RANK=unset WORLD_SIZE=unset DDP_RESTART=1 DDP_REPLACES=1 LOCAL_RANK=1" <<<"$out" && ok=1
+check "ddp_launch --max-restarts: a replacement gets DDP_JOIN=1 and DDP_REPLACES=1, no RANK or WORLD_SIZE" $ok "exit $rc; $out"
 # Its own ports lie below the kernel's range for outgoing connections (no connection takes them, and
 # no rank reaches its own port while the store is not listening yet), both free.
 low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)

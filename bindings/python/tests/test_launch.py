@@ -226,9 +226,14 @@ REPLACED = r"""
 import os, signal, sys, time
 import numpy as np
 import libddp
-out = sys.argv[1]
-rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+out, n = sys.argv[1], int(sys.argv[2])
 joiner = os.environ.get("DDP_JOIN") == "1"  # restarted by ddp_launch --max-restarts
+if joiner:  # no rank until admitted: the number it replaces is DDP_REPLACES (its grads are that rank's)
+    assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ, "a replacement sees RANK=%s WORLD_SIZE=%s" % (
+        os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
+    rank = int(os.environ["DDP_REPLACES"])
+else:
+    rank = int(os.environ["RANK"])
 comm = libddp.Comm.join_gloo("env://") if joiner else libddp.Comm.gloo("env://")
 ddp = libddp.DDP(comm, elastic=True, timeout_ms=20000, message_size=1000)
 params = [np.linspace(0, 1, 3000, dtype=np.float32), np.linspace(1, 2, 500, dtype=np.float32)]
@@ -272,11 +277,11 @@ print("rank %d%s: world %d at step %d; changes %s" % (rank, " (joiner)" if joine
 @needs_gloo
 def test_launch_max_restarts_replaces_a_killed_rank(tmp_path):
     """ddp_launch --max-restarts 1: rank 1 is killed at step 2; the survivors recover, ddp_launch starts a
-    process with DDP_JOIN=1 that joins through Comm.join_gloo, the survivors admit it (RankJoiningError,
-    recover) and all three end with the same parameters."""
+    process with DDP_JOIN=1 and DDP_REPLACES=1 (no RANK or WORLD_SIZE) that joins through Comm.join_gloo,
+    the survivors admit it (RankJoiningError, recover) and all three end with the same parameters."""
     script = tmp_path / "replaced.py"
     script.write_text(REPLACED)
-    rc, out = launch(3, ["--max-restarts", "1", PYTHON, str(script), str(tmp_path / "p%d.npy")], timeout=120)
+    rc, out = launch(3, ["--max-restarts", "1", PYTHON, str(script), str(tmp_path / "p%d.npy"), "3"], timeout=120)
     assert rc == 0, out
     assert "rank 1 was killed by signal 9; starting a process that joins the running job in its place (restart 1 of 1)" in out, out
     assert "rank 1 (joiner): world 3" in out, out

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "host/host_device.hpp"
@@ -257,8 +258,9 @@ void rethrow_gloo_failure(int rank, int size, const std::string& what) {
 // "<lineage>.join/<slot>/answer" the answer it waits for.
 class GlooJoinDesk final : public JoinDesk {
  public:
-  GlooJoinDesk(std::shared_ptr<GlooWorld> w, std::string lineage)
-      : world_(std::move(w)), lineage_(std::move(lineage)) {}
+  // `membership`: the key of the communicator whose members leave through this desk.
+  GlooJoinDesk(std::shared_ptr<GlooWorld> w, std::string lineage, std::string membership = "")
+      : world_(std::move(w)), lineage_(std::move(lineage)), membership_(std::move(membership)) {}
   bool request(int64_t slot, std::string* text) override {
     std::vector<char> v;
     if (!world_->rv.store->try_get(key(slot), &v, Deadline::after_ms(kStoreMs))) return false;
@@ -270,13 +272,39 @@ class GlooJoinDesk final : public JoinDesk {
     world_->rv.store->claim(key(slot) + "/answer", std::vector<char>(text.begin(), text.end()), &held,
                             Deadline::after_ms(kStoreMs));
   }
+  bool answered(int64_t slot) override {
+    std::vector<char> v;
+    return world_->rv.store->try_get(key(slot) + "/answer", &v, Deadline::after_ms(kStoreMs));
+  }
   bool beat(int64_t slot, std::string* value) override {
     std::vector<char> v;
     if (!world_->rv.store->try_get(key(slot) + "/beat", &v, Deadline::after_ms(kStoreMs))) return false;
     value->assign(v.begin(), v.end());
     return true;
   }
+  // A fresh generation names this context's leave keys: a store that served an earlier job (a file
+  // store's directory, a ddp_store left running) may hold the same keys from its members.
+  void open(Deadline dl) override {
+    std::random_device rd;
+    const std::string gen = std::to_string((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ now_ns());
+    world_->rv.store->set(lineage_ + ".join/gen", std::vector<char>(gen.begin(), gen.end()), dl);
+    world_->rv.store->set(ended_key(), {'0'}, dl);
+  }
+  // Each member claims its key of the membership, then looks for the others': whichever finds them all
+  // (the last to claim does) sets the mark the joiners watch.
+  void leave(int rank, int world, Deadline dl) override {
+    Store& st = *world_->rv.store;
+    std::vector<char> gen;
+    st.try_get(lineage_ + ".join/gen", &gen, dl);
+    const std::string base = lineage_ + ".join/left/" + std::string(gen.begin(), gen.end()) + "/" + membership_ + "/";
+    std::vector<char> held, v;
+    st.claim(base + std::to_string(rank), {'1'}, &held, dl);
+    for (int r = 0; r < world; ++r)
+      if (!st.try_get(base + std::to_string(r), &v, dl)) return;
+    st.set(ended_key(), {'1'}, dl);
+  }
   std::string key(int64_t slot) const { return lineage_ + ".join/" + std::to_string(slot); }
+  std::string ended_key() const { return lineage_ + ".join/ended"; }
   // Files `request` in the first free slot; returns the slot.
   int64_t file(const std::string& request, Deadline dl) {
     std::vector<char> held;
@@ -290,6 +318,13 @@ class GlooJoinDesk final : public JoinDesk {
     std::vector<char> v;
     for (uint64_t beat = 0;; ++beat) {
       if (st.try_get(key(slot) + "/answer", &v, dl)) return std::string(v.begin(), v.end());
+      if (st.try_get(ended_key(), &v, dl) && v == std::vector<char>{'1'}) {
+        answer(slot, "E");  // settled: a later job over this store passes it over
+        fail(DDP_ERR_ABORTED,
+             "the job at %s ended before admitting this process (every rank of its last membership destroyed its "
+             "context): there is no job left to join; destroy this context",
+             world_->rv.describe.c_str());
+      }
       if (dl.passed()) fail(DDP_ERR_TIMEOUT, "no answer in slot %lld", static_cast<long long>(slot));
       const std::string b = std::to_string(beat);
       st.set(key(slot) + "/beat", std::vector<char>(b.begin(), b.end()), dl);
@@ -300,7 +335,7 @@ class GlooJoinDesk final : public JoinDesk {
  private:
   static constexpr int64_t kStoreMs = 5000;
   std::shared_ptr<GlooWorld> world_;
-  std::string lineage_;
+  std::string lineage_, membership_;
 };
 
 class GlooComm final : public Comm {
@@ -473,7 +508,7 @@ class GlooComm final : public Comm {
   }
   Regrouped regroup(const std::string& epoch, int64_t committed,
                     const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) override;
-  std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_); }
+  std::shared_ptr<JoinDesk> join_desk() override { return std::make_shared<GlooJoinDesk>(world_, lineage_, key_); }
   std::unique_ptr<Comm> admit(const std::string& name, const std::vector<int64_t>& slots, const std::string& note,
                               Deadline dl) override;
 
