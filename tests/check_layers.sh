@@ -39,8 +39,8 @@ core_layers=(
   "backend interfaces: backend comms"
   "planning: plan program"
   "reduction: int8_wire shard_set reducer+bucket_runtime+bucket_steps agreement joins join_protocol"
-  "membership: generation recovery admission"
-  "context: context iteration collectives elastic sharding stats stall_inspector"
+  "membership: generation elastic"
+  "context: context iteration collectives recovery admission sharding stats stall_inspector"
   "shell: handles shell api_comms api_context api_hooks"
 )
 declare -A layer_of module_of

@@ -268,19 +268,19 @@ void check_sync_agreement(const std::vector<int32_t>& passes) {
        sides.c_str());
 }
 
-void UnusedReport::times(std::vector<StepTimes>* out) const {
+void IterationReport::times(std::vector<StepTimes>* out) const {
   out->resize(all_.size());
   for (size_t r = 0; r < all_.size(); ++r) (*out)[r] = all_[r].times;
 }
 
-int64_t UnusedReport::joins() const {
+int64_t IterationReport::joins() const {
   int64_t most = 0;
   for (const Info& in : all_) most = std::max(most, in.joins);
   return most;
 }
 
-std::string UnusedReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync,
-                                   const StepTimes& mine, int64_t joins) {
+std::string IterationReport::exchange(Comm& ctrl, const std::vector<int>& unused, Deadline dl, bool compare_sync,
+                                      const StepTimes& mine, int64_t joins) {
   Info me{kIterationEnd,
           static_cast<int32_t>(unused.size()),
           {-1, -1, -1, -1, -1, -1},

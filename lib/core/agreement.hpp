@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/config.hpp"
 #include "core/plan.hpp"
 #include "core/stragglers.hpp"
@@ -101,11 +102,12 @@ class ClaimedMemory {
 // DDP_ERR_MISMATCH naming the ranks on each side when the compared ones differ.
 void check_sync_agreement(const std::vector<int32_t>& passes);
 
-// The unused-grad report of the error policy: every rank learns every rank's unused grads, so all
-// return the same message. The same exchange compares the ranks' passes with sync off since the last
-// synced iteration (check_sync_agreement), so that ranks that disagree on ddp_set_sync fail at the
-// first synced iteration they pair wrongly. Keeps its buffer, so that nothing allocates per iteration.
-class UnusedReport {
+// The report that ends each synced iteration, one record from every rank: its unused grads (the error
+// policy's message: every rank learns every rank's, so all return the same message), its passes with
+// sync off since the last synced iteration (check_sync_agreement: ranks that disagree on ddp_set_sync
+// fail at the first synced iteration they pair wrongly), its times (the straggler watch) and how far
+// its join watch has read (elastic joins). Keeps its buffer, so that nothing allocates per iteration.
+class IterationReport {
  public:
   // "rank 0: grads 3, 5; rank 2: grad 1", or empty when no rank has unused grads. `compare_sync`
   // false: this rank's passes are not compared (a joined rank's shadow iteration).

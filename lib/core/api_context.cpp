@@ -13,10 +13,11 @@ using namespace ddp::shell;
 namespace {
 
 // config.stream_comms: num_streams C handles, each over the same ranks and memory as `base`.
-void resolve_stream_comms(Settings& s, const Comm& base) {
+std::vector<Comm*> resolve_stream_comms(Settings& s, const Comm& base) {
   const ddp_comm_t* handles = s.c.stream_comms;
   s.c.stream_comms = nullptr;  // the caller's array is borrowed for this call only
-  if (!handles) return;
+  std::vector<Comm*> comms;
+  if (!handles) return comms;
   auto kind = [](Memory m) { return m == Memory::Host ? "host" : "device"; };
   for (int i = 0; i < s.c.num_streams; ++i) {
     if (!handles[i]) fail(DDP_ERR_INVALID_ARGUMENT, "config.stream_comms[%d] is NULL", i);
@@ -25,8 +26,9 @@ void resolve_stream_comms(Settings& s, const Comm& base) {
       fail(DDP_ERR_INVALID_ARGUMENT,
            "config.stream_comms[%d] spans %d ranks of %s memory; the context's comm spans %d ranks of %s memory", i,
            sc->size(), kind(sc->memory()), base.size(), kind(base.memory()));
-    s.stream_comms.push_back(sc);
+    comms.push_back(sc);
   }
+  return comms;
 }
 
 }  // namespace
@@ -61,9 +63,9 @@ ddp_status_t ddp_create(ddp_comm_t c, const ddp_config_t* config, ddp_t* out) {
     Comm& k = comm_of(c);
     need(out, "ddp");
     Settings s = read_config(config);
-    resolve_stream_comms(s, k);
+    std::vector<Comm*> stream_comms = resolve_stream_comms(s, k);
     std::unique_ptr<ddp_context> h(new ddp_context);
-    h->impl.reset(new Context(k, s));
+    h->impl.reset(new Context(k, s, std::move(stream_comms)));
     *out = h.release();
   });
 }

@@ -189,25 +189,6 @@ Settings read_config(const ddp_config_t* config) {
   return s;
 }
 
-ProgramSettings Settings::program(int world, int rank, bool hook) const {
-  ProgramSettings ps;
-  ps.world = world;
-  ps.rank = rank;
-  ps.shard = sharded();
-  ps.arena = arena();
-  ps.always_fp32 = c.allreduce_always_fp32 != 0;
-  ps.average = c.gradient_average != 0;
-  ps.predivide = c.gradient_predivide_factor;
-  ps.inplace_min_numel = c.inplace_min_numel;
-  ps.piece_bytes = c.host_piece_bytes;
-  ps.compress = c.compression == DDP_COMPRESS_BF16 || c.compression == DDP_COMPRESS_FP16;
-  ps.compress_wire = c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
-  ps.int8 = c.compression == DDP_COMPRESS_INT8;
-  ps.int8_scatter_min_world = int8_scatter_min_world;
-  ps.hook = hook;
-  return ps;
-}
-
 void config_defaults(ddp_config_t* config, size_t size) {
   if (size < DDP_CONFIG_V1_SIZE)
     fail(DDP_ERR_INVALID_ARGUMENT, "size is %zu, smaller than the first version of ddp_config_t (%zu)", size,

@@ -5,8 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/program.hpp"
+#include "core/common.hpp"
 
 namespace ddp {
 
@@ -14,21 +13,23 @@ namespace ddp {
 // defaults) plus copies of what was only borrowed for the call.
 struct Settings {
   ddp_config_t c;
-  std::string timeline_path;        // config.timeline_path, else DDP_TIMELINE, else empty
-  std::vector<Comm*> stream_comms;  // resolved by the C shell from c.stream_comms; borrowed, or empty
-  int int8_scatter_min_world = 3;   // DDP_INT8_SCATTER_MIN_WORLD, as ddp_create read it
+  std::string timeline_path;       // config.timeline_path, else DDP_TIMELINE, else empty
+  int int8_scatter_min_world = 3;  // DDP_INT8_SCATTER_MIN_WORLD, as ddp_create read it
 
   bool arena() const { return c.layout == DDP_LAYOUT_ARENA; }
   bool sharded() const { return c.shard != 0; }
   bool learned() const { return c.plan_order == DDP_PLAN_LEARNED; }
   bool unused_zero() const { return c.unused_policy == DDP_UNUSED_ZERO; }
-  // What the bucket programs are compiled from: the config's values, read here and nowhere else.
-  ProgramSettings program(int world, int rank, bool hook) const;
+  // The stall warning in effect (0: none; the timeout comes first).
+  int64_t stall_warning_ms() const {
+    const int64_t ms = c.stall_warning_ms > 0 ? c.stall_warning_ms : 60000;
+    return c.timeout_ms > 0 && ms >= c.timeout_ms ? 0 : ms;
+  }
 };
 
 // Reads a caller's ddp_config_t (NULL: the defaults). Fields that lie wholly within config->size
 // are read; later ones keep their defaults. Throws DDP_ERR_INVALID_ARGUMENT naming the first bad
-// field. c.stream_comms is left for the shell to resolve (it holds C handles).
+// field. c.stream_comms is left for the shell to resolve (it holds C handles), and cleared here.
 Settings read_config(const ddp_config_t* config);
 
 // Writes the defaults of every field of *config that lies wholly within `size` bytes, sets size, and

@@ -4,7 +4,9 @@
 //   OPEN --commit--> IDLE --begin_backward--> IN_BACKWARD --finish_backward--> IDLE
 //                      \______________ reduce_all (reduces, stays IDLE) ____/
 //
-// and turns each API call into work for the planner and the reducer. Every public method is called
+// and turns each API call into work for the planner and the reducer. What outlives a membership is
+// here (the config, the registrations, the statistics, the caller's hook); what belongs to one is the
+// current Generation (core/generation.hpp), which ddp_recover replaces. Every public method is called
 // by the C shell with the context's lock held by this class itself.
 #pragma once
 
@@ -17,7 +19,8 @@
 #include "core/agreement.hpp"
 #include "core/backend.hpp"
 #include "core/config.hpp"
-#include "core/joins.hpp"
+#include "core/elastic.hpp"
+#include "core/generation.hpp"
 #include "core/plan.hpp"
 #include "core/reducer.hpp"
 #include "core/stragglers.hpp"
@@ -27,7 +30,8 @@ namespace ddp {
 
 class Context {
  public:
-  Context(Comm& comm, const Settings& settings);
+  // Over `comm`, with `stream_comms` (config.stream_comms, borrowed; empty: the context's own).
+  Context(Comm& comm, const Settings& settings, std::vector<Comm*> stream_comms);
   ~Context();
 
   int register_grad(void* grad, size_t numel, Dtype dtype, unsigned flags);
@@ -60,52 +64,77 @@ class Context {
   void barrier();
   // A comm hook (empty: none). Before the first backward pass.
   void set_comm_hook(std::function<void(const HookCall&)> hook);
-  // Elastic contexts (elastic.cpp): the membership agreed by the ranks left after a loss, or with the
-  // ranks that asked to join (on a joiner: its admission).
+  // Elastic contexts (recovery.cpp): the membership agreed by the ranks left after a loss, or with
+  // the ranks that asked to join (admission.cpp; on a joiner: its admission).
   void recover(ddp_membership_t* out, int* members, size_t capacity);
 
  private:
   enum class State { Open, Idle, InBackward };
+  // Where the iterations stand: the state machine above and what the backward pass in progress keeps.
+  struct Pass {
+    State state = State::Open;
+    bool sync = true;                          // ddp_set_sync
+    bool learning = false;                     // this backward records the plan
+    bool synced = true;                        // the sync setting of the backward in progress
+    bool gathered = false;                     // sharded: parameters gathered since the last reduction
+    bool shards_local = false;                 // sharded: the last backward pass only accumulated (sync off)
+    uint64_t iterations = 0;                   // synced iterations committed
+    uint64_t begin_ns = 0, last_ready_ns = 0;  // the iteration's begin and its last grad_ready
+    uint64_t exposed_ns = 0, last_exposed_ns = 0;
+    uint64_t layout_epoch = 0;    // the arena's grads moved (a learned plan adopted, a rebuild)
+    void* user_stream = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
+    std::vector<int> unused;      // scratch: the grads not marked ready
+  };
+  // Whether the context can go on.
+  struct Health {
+    bool aborted = false;  // only ddp_destroy is left
+    std::string abort_reason;
+    bool lost = false;  // elastic: a peer was lost; only ddp_recover goes on
+    std::string lost_reason;
+    bool joining = false;  // a joiner's context, not yet admitted: registration and ddp_recover only
+  };
+  // The registered grads (alike on every rank once committed).
+  struct Registrations {
+    std::vector<GradSpec> specs;
+    std::vector<void*> user_ptrs;  // the caller's storage (copy layout)
+    ClaimedMemory claimed;         // the memory they claim (stand-ins claim none)
+    size_t total_numel = 0;
+  };
+
   // Throws unless the context can run a call: DDP_ERR_ABORTED, DDP_ERR_RANK_LOST, or on a joiner not
   // yet admitted DDP_ERR_RANK_JOINING (unless `before_admission`: registration, the comm hook).
   void check_alive(bool before_admission = false) const;
-  // The communicators, streams and prober over `comm` (ctrl_ made already): at creation and after a
-  // recovery.
-  void attach(Comm& comm);
-  void check_stream_comms();
+  int rank() const { return gen_ ? gen_->rank() : -1; }
+  int world() const { return gen_ ? gen_->world() : 0; }
+  Reducer& reducer() const { return *gen_->reducer(); }
+  Comm& ctrl() const { return gen_->ctrl(); }
+  Generation::Hooks hooks();
   // The reducer over the committed registrations, with `plan`.
   void make_reducer(Plan plan);
-  // Elastic: the plan the survivors go on with (the new rank 0's).
-  std::unique_ptr<Plan> agreed_plan(const Plan* mine, Deadline dl);
-  Regrouped agree_members(Deadline window, Deadline dl);
-  // `members`: each new rank's number in the communicator the agreement ran over (a loss; none for
-  // an admission: the ranks keep their numbers, the joiners come after them).
-  void rebuild(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members = nullptr);
-  Deadline membership_deadline() const;
-  // The communicators, streams, prober and reducer of the generation that ends, dropped.
-  void retire();
-  // Elastic joins (elastic.cpp): a joiner's admission; the admission of the joiners the ranks agreed on.
-  void join_job(ddp_membership_t* out, int* members, size_t capacity);
-  void admit_joiners(ddp_membership_t* out, int* members, size_t capacity);
-  // After a rebuild: whose state every rank takes (the first of those that committed the most), and
-  // the report of the change. `members`: each new rank's old number (-1: a joiner). The membership
-  // reported is the one held from now on.
+  // Elastic (recovery.cpp): the next generation over `comm` (the membership agreed on, or admitted)
+  // swapped in for the current one, with the reducer over the plan the members agree on. `members`:
+  // each new rank's number in the current generation (none: an admission, the ranks keep their
+  // numbers and the joiners come after them).
+  void next_generation(std::unique_ptr<Comm> comm, Deadline dl, const std::vector<int>* members = nullptr);
+  // After a change: whose state every rank takes (the first of those that committed the most), and
+  // the report of the change (`members`: each new rank's number in the membership held before, -1: a
+  // joiner; `committed` empty: no change after all), which becomes the membership held.
   void settle_membership(int old_rank, int old_world, std::vector<int> members, const std::vector<int64_t>& committed,
                          ddp_membership_t* out, int* members_out, size_t capacity);
-  // The join requests the ranks agreed on in an exchange (the highest slot any rank's watch saw).
-  void note_joins(int64_t upto);
+  // Elastic joins (admission.cpp): a joiner's admission; the admission of the joiners the ranks agreed on.
+  void join_job(ddp_membership_t* out, int* members, size_t capacity);
+  void admit_joiners(ddp_membership_t* out, int* members, size_t capacity);
   void watch_joins();
   // Elastic: a peer was lost. The context severs its connections (the peers blocked on this rank
   // fail now) and answers DDP_ERR_RANK_LOST until ddp_recover.
   Error lose(const Error& e);
-  void confirm_members(Comm& made, Deadline dl);
   // Elastic: this member leaves the job (ddp_destroy); the last one to leave tells the joiners still
   // waiting that the job ended.
   void leave_job();
   // Whether an error of status `st` is taken for a lost peer (elastic contexts): a timeout, an abort
   // (a severed connection), or an NCCL error (NCCL reports a dead peer as a remote or system error).
   bool peer_failure(ddp_status_t st) const {
-    return cfg_.c.elastic && !aborted_ && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED || st == DDP_ERR_NCCL);
+    return cfg_.c.elastic && !health_.aborted && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_ABORTED || st == DDP_ERR_NCCL);
   }
   // When a collective started now must have completed.
   Deadline deadline() const { return Deadline::after_ms(cfg_.c.timeout_ms); }
@@ -117,15 +146,14 @@ class Context {
   // A timeout's message gets the stall inspector's picture first.
   template <class F>
   void fatal_on_error(F&& fn);
-  // The stall inspector: where every rank stands, as text for a timeout or a stall warning.
+  // The stall inspector (stall_inspector.cpp): where every rank stands, as text for a timeout or a
+  // stall warning.
   Position position() const;
   std::string picture(int64_t wait_ms);
-  void wire_totals(bool own, uint64_t out[2]) const;
   void stall_warning(int stream);
-  // Elastic: while a bucket waits, whether its peers still answer (stall_inspector.cpp).
-  static constexpr int64_t kPeerWatchMs = 1000;
-  void watch_peers();
-  std::vector<int> silent_;  // per rank: peer watches in a row without an answer
+  // Bytes sent and received through every communicator of every generation (and, with `own`, the
+  // control path and ddp_broadcast's channel), since this context was made.
+  void wire_totals(bool own, uint64_t out[2]) const;
   void set_call(Call c) { progress_.call.store(static_cast<int32_t>(c), std::memory_order_relaxed); }
   // Sets the call a rank reports itself in for a scope; restores `after` (default: the one before).
   class CallScope {
@@ -161,72 +189,32 @@ class Context {
   void shadow_iteration(int32_t kind);
   // A reduction finished (or, with sync off, a backward pass only accumulated): what gathers may follow.
   void shards_reduced(bool synced);
+  // After a synced backward pass: every rank's times (with the iteration report, or on their own) into
+  // the straggler watch.
+  void watch_stragglers();
 
   std::mutex mu_;
   Settings cfg_;
-  std::unique_ptr<Comm> base_;   // elastic: the communicator over the survivors (its dups below)
-  std::unique_ptr<Comm> ctrl_;   // agreement and plan broadcast
-  std::unique_ptr<Comm> bcast_;  // ddp_broadcast's own channel
-  std::vector<std::unique_ptr<Comm>> owned_comms_;
-  std::vector<Comm*> comms_;  // one per stream
+  std::vector<Comm*> stream_comms_;  // config.stream_comms: the caller's, borrowed (empty: the context's own)
   std::unique_ptr<Device> device_;
-  std::vector<std::unique_ptr<Stream>> streams_;
   std::unique_ptr<Timeline> timeline_;
   Stats stats_;        // ddp_get_stats's counters
   Progress progress_;  // where this rank stands, for the stall inspector
-  std::vector<GradSpec> specs_;
-  std::vector<void*> user_ptrs_;
-  ClaimedMemory claimed_;  // the memory the registrations claim (stand-ins claim none)
-  size_t total_numel_ = 0;
-  ReducerEnv reducer_env_;  // what the reducer reads (declared first: it outlives the reducer)
-  std::unique_ptr<Reducer> reducer_;
+  Registrations regs_;
   PlanLearner learner_;
-  State state_ = State::Open;
-  bool sync_ = true;
-  bool learning_ = false;         // this backward records the plan
-  bool iteration_synced_ = true;  // sync setting of the backward in progress
-  bool gathered_ = false;         // sharded: parameters gathered since the last reduction
-  bool shards_local_ = false;     // sharded: the last backward pass only accumulated (sync off)
-  bool aborted_ = false;
-  std::string abort_reason_;
-  bool lost_ = false;  // elastic: a peer was lost; only ddp_recover goes on
-  std::string lost_reason_;
-  bool joining_ = false;       // a joiner's context, not yet admitted: registration and ddp_recover only
-  int64_t admitted_upto_ = 0;  // elastic: join slots settled (admitted, refused or passed over)
-  int64_t pending_upto_ = 0;   // agreed: joiners wait up to this slot; the next iteration answers RANK_JOINING
-  std::unique_ptr<JoinWatch> join_watch_;
-  uint64_t epoch_ = 0;                 // elastic: membership changes so far
-  uint64_t attempts_ = 0;              // elastic: recoveries tried for the next membership
-  uint64_t wire_carried_[2] = {0, 0};  // bytes sent and received through communicators since replaced
-  int rank_ = 0, world_ = 1;
-  uint64_t iterations_ = 0;
-  uint64_t exposed_ns_ = 0, last_exposed_ns_ = 0;
-  uint64_t layout_epoch_ = 0;
-  uint64_t begin_ns_ = 0;
-  uint64_t last_ready_ns_ = 0;  // the iteration's last grad_ready
+  Pass pass_;
+  Health health_;
+  MembershipBook book_;  // elastic
+  std::function<void(const HookCall&)> hook_;
+  IterationReport report_;
   StragglerWatch stragglers_;
   std::vector<StepTimes> step_times_;
-  // After a synced backward pass: every rank's times (with the unused report, or on their own) into
-  // the straggler watch.
-  void watch_stragglers();
-  void* user_stream_ = nullptr;  // ddp_begin_backward's stream: where this iteration's grads come from
-  std::vector<int> scratch_unused_;
-  std::function<void(const HookCall&)> hook_;
-  UnusedReport unused_report_;
-  uint64_t wire_base_[2] = {0, 0};  // bytes sent and received through borrowed comms before creation
-  int64_t stall_ms_ = 0;            // the stall warning in effect (0: none)
-  int64_t warned_iteration_ = -1;   // the iteration whose stall was reported (once per wait)
-  // After a rebuild that failed half way: each rank of base_'s number in prober_'s (which is the
-  // generation's before); empty: the same numbers.
-  std::vector<int> probe_numbers_;
-  // Elastic: the membership this rank last held (the last that ddp_create or a ddp_recover that
-  // succeeded gave it; -1 and 0 on a joiner), which ddp_recover reports against: a failed attempt may
-  // have left base_ over another. held_numbers_: each rank of base_'s number in it (-1: a joiner of
-  // a failed admission; empty: the same numbers).
-  int held_rank_ = 0, held_world_ = 1;
-  std::vector<int> held_numbers_;
-  std::shared_ptr<JoinDesk> held_desk_;  // where the members of that membership say they left (leave_job)
-  std::unique_ptr<Prober> prober_;       // last member: destroyed first, while what it reads still exists
+  uint64_t wire_carried_[2] = {0, 0};  // bytes sent and received through generations since retired
+  uint64_t wire_base_[2] = {0, 0};     // bytes sent and received through borrowed comms before creation
+  int64_t warned_iteration_ = -1;      // the iteration whose stall was reported (once per wait)
+  std::unique_ptr<Comm> joiner_;       // a joiner's communicator, until the job admits it
+  ReducerEnv reducer_env_;             // what the current generation's reducer reads (outlives every generation)
+  std::unique_ptr<Generation> gen_;    // the current membership's communicators, streams and reducer
 };
 
 template <class F>
@@ -240,7 +228,7 @@ void Context::fatal_on_error(F&& fn) {
       throw;  // the call was refused (the context is intact), or the loss is handled already
     // A peer that died, was cut off or stalled (a failed exchange): an elastic context goes on.
     if (peer_failure(st)) throw lose(e);
-    if (st == DDP_ERR_TIMEOUT && !aborted_) {  // aborted: an inner handler told the picture already
+    if (st == DDP_ERR_TIMEOUT && !health_.aborted) {  // aborted: an inner handler told the picture already
       Error told(st, e.what() + picture(500));
       abort(told);
       throw told;

@@ -19,47 +19,47 @@ static void check_no_joiners(int64_t pending, int64_t admitted) {
 void Context::begin_backward(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ == State::InBackward)
+  if (pass_.state == State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "a backward pass is already in progress (call ddp_finish_backward first)");
-  check_no_joiners(pending_upto_, admitted_upto_);
+  check_no_joiners(book_.pending_upto, book_.admitted_upto);
   fatal_on_error([&] {
     commit_locked();
-    if (sync_ && cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kBackwardPass);  // who contributes (ddp_join)
+    if (pass_.sync && cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kBackwardPass);  // who contributes (ddp_join)
   });
-  iteration_synced_ = sync_;
-  learning_ = sync_ && cfg_.learned() && !reducer_->plan().learned;
-  if (learning_) learner_.reset(specs_.size());
-  reducer_->begin(stream, iterations_);
-  user_stream_ = stream;
-  begin_ns_ = now_ns();
-  last_exposed_ns_ = 0;
-  state_ = State::InBackward;
-  progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  pass_.synced = pass_.sync;
+  pass_.learning = pass_.sync && cfg_.learned() && !reducer().plan().learned;
+  if (pass_.learning) learner_.reset(regs_.specs.size());
+  reducer().begin(stream, pass_.iterations);
+  pass_.user_stream = stream;
+  pass_.begin_ns = now_ns();
+  pass_.last_exposed_ns = 0;
+  pass_.state = State::InBackward;
+  progress_.iteration.store(static_cast<int64_t>(pass_.iterations), std::memory_order_relaxed);
   set_call(Call::Backward);
 }
 
 void Context::grad_ready(int index, void* grad) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ != State::InBackward)
+  if (pass_.state != State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "grad %d: no backward pass in progress (call ddp_begin_backward first)", index);
   check_index(index);
-  if (reducer_->is_ready(index))
+  if (reducer().is_ready(index))
     fail(DDP_ERR_INVALID_STATE, "grad %d was already marked ready in this backward pass", index);
   if (grad) {
     if (cfg_.arena()) fail(DDP_ERR_INVALID_STATE, "in the arena layout the library owns grad storage");
-    check_grad_aligned(grad, specs_[static_cast<size_t>(index)].dtype, index);
-    if (grad != user_ptrs_[static_cast<size_t>(index)]) {
-      user_ptrs_[static_cast<size_t>(index)] = grad;
-      reducer_->set_grad_ptr(index, grad);
+    check_grad_aligned(grad, regs_.specs[static_cast<size_t>(index)].dtype, index);
+    if (grad != regs_.user_ptrs[static_cast<size_t>(index)]) {
+      regs_.user_ptrs[static_cast<size_t>(index)] = grad;
+      reducer().set_grad_ptr(index, grad);
     }
   }
   const uint64_t t = now_ns();
-  last_ready_ns_ = t;
+  pass_.last_ready_ns = t;
   if (timeline_) timeline_->grad_ready(index, t);
-  if (learning_) learner_.record(index);
-  const bool launch = iteration_synced_ && !learning_ && cfg_.c.delay_allreduce == 0;
-  fatal_on_error([&] { reducer_->mark_ready(index, launch, t); });
+  if (pass_.learning) learner_.record(index);
+  const bool launch = pass_.synced && !pass_.learning && cfg_.c.delay_allreduce == 0;
+  fatal_on_error([&] { reducer().mark_ready(index, launch, t); });
 }
 
 // A bucket launched in this iteration can be waited for alone. One that is not launched yet waits
@@ -69,68 +69,68 @@ void Context::grad_ready(int index, void* grad) {
 bool Context::wait_grad(int index, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ != State::InBackward)
+  if (pass_.state != State::InBackward)
     fail(DDP_ERR_INVALID_STATE,
          "grad %d: no backward pass in progress (ddp_wait_grad is for inside one; after ddp_finish_backward every "
          "grad is reduced)",
          index);
   check_index(index);
-  if (!reducer_->is_ready(index))
+  if (!reducer().is_ready(index))
     fail(DDP_ERR_INVALID_STATE, "grad %d was not marked ready in this backward pass (call ddp_grad_ready first)",
          index);
-  if (!iteration_synced_ || cfg_.sharded() || !reducer_->launched_grad(index)) return false;
+  if (!pass_.synced || cfg_.sharded() || !reducer().launched_grad(index)) return false;
   CallScope scope(this, Call::WaitGrad);
   const uint64_t t0 = now_ns();
-  fatal_on_error([&] { reducer_->wait_grad(index, stream, Deadline::never()); });
-  last_exposed_ns_ += now_ns() - t0;
-  exposed_ns_ += now_ns() - t0;
+  fatal_on_error([&] { reducer().wait_grad(index, stream, Deadline::never()); });
+  pass_.last_exposed_ns += now_ns() - t0;
+  pass_.exposed_ns += now_ns() - t0;
   return true;
 }
 
 void Context::learn_plan() {
   // apex sync_bucket_structure: rank 0's learned buckets become every rank's.
-  Plan local = learner_.finish(specs_, cfg_.c.message_size, cfg_.c.num_streams);
-  std::vector<int64_t> wire(1 + 2 * specs_.size(), 0);
-  if (rank_ == 0) {
+  Plan local = learner_.finish(regs_.specs, cfg_.c.message_size, cfg_.c.num_streams);
+  std::vector<int64_t> wire(1 + 2 * regs_.specs.size(), 0);
+  if (rank() == 0) {
     std::vector<int64_t> s = local.serialize();
     std::copy(s.begin(), s.end(), wire.begin());
   }
-  ctrl_->broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, deadline());
-  Plan adopted = Plan::deserialize(wire.data(), wire.size(), specs_, cfg_.c.num_streams);
+  ctrl().broadcast_host(wire.data(), wire.size() * sizeof(int64_t), 0, deadline());
+  Plan adopted = Plan::deserialize(wire.data(), wire.size(), regs_.specs, cfg_.c.num_streams);
   std::vector<int> unready;
-  reducer_->unready_grads(&unready);
-  reducer_->adopt(std::move(adopted), user_ptrs_);
+  reducer().unready_grads(&unready);
+  reducer().adopt(std::move(adopted), regs_.user_ptrs);
   log_plan();  // DDP_DEBUG=INFO: the plan every later iteration uses
-  if (cfg_.arena()) ++layout_epoch_;
-  reducer_->begin(user_stream_, iterations_);
-  std::vector<char> skip(specs_.size(), 0);
+  if (cfg_.arena()) ++pass_.layout_epoch;
+  reducer().begin(pass_.user_stream, pass_.iterations);
+  std::vector<char> skip(regs_.specs.size(), 0);
   for (int g : unready) skip[static_cast<size_t>(g)] = 1;
   const uint64_t t = now_ns();
-  for (size_t g = 0; g < specs_.size(); ++g)
-    if (!skip[g]) reducer_->mark_ready(static_cast<int>(g), false, t);
+  for (size_t g = 0; g < regs_.specs.size(); ++g)
+    if (!skip[g]) reducer().mark_ready(static_cast<int>(g), false, t);
 }
 
 void Context::wait_buckets(void* stream) {
   const uint64_t t0 = now_ns();
-  reducer_->finish(stream, Deadline::never());
-  last_exposed_ns_ += now_ns() - t0;  // after the iteration's ddp_wait_grad waits
-  exposed_ns_ += now_ns() - t0;
+  reducer().finish(stream, Deadline::never());
+  pass_.last_exposed_ns += now_ns() - t0;  // after the iteration's ddp_wait_grad waits
+  pass_.exposed_ns += now_ns() - t0;
 }
 
 void Context::watch_stragglers() {
   const double warn = cfg_.c.straggler_warning_ms > 0 ? static_cast<double>(cfg_.c.straggler_warning_ms) : 100.0;
-  const std::string warning = stragglers_.add(step_times_, rank_, warn);
+  const std::string warning = stragglers_.add(step_times_, rank(), warn);
   if (!warning.empty()) log(DDP_LOG_WARN, "libddp: %s", warning.c_str());
 }
 
 void Context::finish_backward(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ != State::InBackward)
+  if (pass_.state != State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "no backward pass in progress (call ddp_begin_backward first)");
-  state_ = State::Idle;
-  if (!iteration_synced_) {  // no_sync: grads only accumulated locally
-    unused_report_.local_pass();
+  pass_.state = State::Idle;
+  if (!pass_.synced) {  // no_sync: grads only accumulated locally
+    report_.local_pass();
     set_call(Call::Idle);
     shards_reduced(false);
     return;
@@ -138,39 +138,39 @@ void Context::finish_backward(void* stream) {
   CallScope scope(this, Call::Finish, Call::Idle);
   std::string unused_text;
   fatal_on_error([&] {
-    if (learning_) {
-      learning_ = false;
+    if (pass_.learning) {
+      pass_.learning = false;
       learn_plan();
     }
-    reducer_->unready_grads(&scratch_unused_);
-    reducer_->launch_rest();  // unused grads travel as zeros, so that no rank waits forever
+    reducer().unready_grads(&pass_.unused);
+    reducer().launch_rest();  // unused grads travel as zeros, so that no rank waits forever
     wait_buckets(stream);
     // The report is one more exchange between the ranks: after the buckets, so that a rank that died
     // or stalled is reported by the bucket that waited for it (step and bucket named). It carries the
     // straggler watch's times.
     const uint64_t end = now_ns();
     StepTimes mine;
-    mine.begin = static_cast<int64_t>(end - begin_ns_);
-    mine.ready = static_cast<int64_t>(end - std::max(begin_ns_, last_ready_ns_));
-    mine.entry = static_cast<int64_t>(end - std::min(end, std::max(begin_ns_, reducer_->latest_start_ns())));
+    mine.begin = static_cast<int64_t>(end - pass_.begin_ns);
+    mine.ready = static_cast<int64_t>(end - std::max(pass_.begin_ns, pass_.last_ready_ns));
+    mine.entry = static_cast<int64_t>(end - std::min(end, std::max(pass_.begin_ns, reducer().latest_start_ns())));
     // (DDP_UNUSED_ZERO makes no exchange after the buckets, and none is added for the times: on GPUs
     // it would make the host wait for the device in every iteration. Elastic contexts always exchange:
     // the report carries what each rank's join watch saw; on GPUs it runs over the NCCL communicator's
     // Gloo control path, which does not wait for the device.)
     if (!cfg_.unused_zero() || cfg_.c.elastic) {
       static const std::vector<int> none;
-      unused_text = unused_report_.exchange(*ctrl_, cfg_.unused_zero() ? none : scratch_unused_, deadline(), true, mine,
-                                            join_watch_ ? join_watch_->upto() : 0);
-      unused_report_.times(&step_times_);
+      unused_text = report_.exchange(ctrl(), cfg_.unused_zero() ? none : pass_.unused, deadline(), true, mine,
+                                     gen_->join_watch() ? gen_->join_watch()->upto() : 0);
+      report_.times(&step_times_);
       watch_stragglers();
-      note_joins(unused_report_.joins());
+      book_.note_joins(report_.joins());
     }
   });
-  unused_report_.synced();
-  ++iterations_;
+  report_.synced();
+  ++pass_.iterations;
   shards_reduced(true);
   if (timeline_) {
-    timeline_->iteration(iterations_ - 1, begin_ns_, now_ns());
+    timeline_->iteration(pass_.iterations - 1, pass_.begin_ns, now_ns());
     timeline_->flush();
   }
   log_summary();
@@ -184,33 +184,33 @@ void Context::finish_backward(void* stream) {
 void Context::set_sync(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ == State::InBackward)
+  if (pass_.state == State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass (set it before ddp_begin_backward)");
-  sync_ = enabled;
+  pass_.sync = enabled;
 }
 
 void Context::reduce_all(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_alive();
-  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
-  check_no_joiners(pending_upto_, admitted_upto_);
+  if (pass_.state == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  check_no_joiners(book_.pending_upto, book_.admitted_upto);
   CallScope scope(this, Call::ReduceAll, Call::Idle);
-  progress_.iteration.store(static_cast<int64_t>(iterations_), std::memory_order_relaxed);
+  progress_.iteration.store(static_cast<int64_t>(pass_.iterations), std::memory_order_relaxed);
   fatal_on_error([&] {
     commit_locked();
     if (cfg_.c.uneven_inputs != DDP_UNEVEN_OFF) vote(kReduceAll);
-    reducer_->begin(stream, iterations_);
-    last_exposed_ns_ = 0;
-    reducer_->launch_all();
+    reducer().begin(stream, pass_.iterations);
+    pass_.last_exposed_ns = 0;
+    reducer().launch_all();
     wait_buckets(stream);
     if (cfg_.c.elastic) {  // what the join watches saw, as after a backward pass
-      (void)unused_report_.exchange(*ctrl_, std::vector<int>(), deadline(), false, StepTimes{-1, 0, 0},
-                                    join_watch_ ? join_watch_->upto() : 0);
-      note_joins(unused_report_.joins());
+      (void)report_.exchange(ctrl(), std::vector<int>(), deadline(), false, StepTimes{-1, 0, 0},
+                             gen_->join_watch() ? gen_->join_watch()->upto() : 0);
+      book_.note_joins(report_.joins());
     }
   });
-  unused_report_.synced();
-  ++iterations_;
+  report_.synced();
+  ++pass_.iterations;
   shards_reduced(true);
 }
 

@@ -98,5 +98,4 @@ void log(ddp_log_level_t level, const char* fmt, ...) {
   std::fflush(stderr);
 }
 
-
 }  // namespace ddp

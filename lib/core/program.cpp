@@ -222,4 +222,24 @@ std::string describe(const Program& p) {
   return out;
 }
 
+// What the bucket programs are compiled from: the config's values, read here and nowhere else.
+ProgramSettings program_settings(const Settings& cfg, int world, int rank, bool hook) {
+  ProgramSettings ps;
+  ps.world = world;
+  ps.rank = rank;
+  ps.shard = cfg.sharded();
+  ps.arena = cfg.arena();
+  ps.always_fp32 = cfg.c.allreduce_always_fp32 != 0;
+  ps.average = cfg.c.gradient_average != 0;
+  ps.predivide = cfg.c.gradient_predivide_factor;
+  ps.inplace_min_numel = cfg.c.inplace_min_numel;
+  ps.piece_bytes = cfg.c.host_piece_bytes;
+  ps.compress = cfg.c.compression == DDP_COMPRESS_BF16 || cfg.c.compression == DDP_COMPRESS_FP16;
+  ps.compress_wire = cfg.c.compression == DDP_COMPRESS_FP16 ? Dtype::F16 : Dtype::BF16;
+  ps.int8 = cfg.c.compression == DDP_COMPRESS_INT8;
+  ps.int8_scatter_min_world = cfg.int8_scatter_min_world;
+  ps.hook = hook;
+  return ps;
+}
+
 }  // namespace ddp

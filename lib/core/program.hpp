@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/config.hpp"
 #include "core/plan.hpp"
 
 namespace ddp {
@@ -33,6 +34,10 @@ struct ProgramSettings {
 };
 
 // What the backends can do, asked once per stream's communicator.
+// What the bucket programs are compiled from: the config's values (config.hpp), read there and
+// nowhere else, with the world and this rank's place in it.
+ProgramSettings program_settings(const Settings& cfg, int world, int rank, bool hook);
+
 struct Capabilities {
   bool wire[kNumDtypes] = {};  // the engine sums this type natively
   bool avg = false, premulsum = false, sumscaled = false;

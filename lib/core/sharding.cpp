@@ -32,17 +32,17 @@ void Context::check_sharded() const {
 }
 
 void Context::shards_reduced(bool synced) {
-  if (synced) gathered_ = false;
-  shards_local_ = !synced;
+  if (synced) pass_.gathered = false;
+  pass_.shards_local = !synced;
 }
 
 void Context::shard_info(int bucket, ddp_shard_info_t* info) {
   std::lock_guard<std::mutex> lock(mu_);
   check_sharded();
   fatal_on_error([&] { commit_locked(); });
-  const int nb = static_cast<int>(reducer_->plan().buckets.size());
+  const int nb = static_cast<int>(reducer().plan().buckets.size());
   if (bucket < 0 || bucket >= nb) fail(DDP_ERR_INVALID_ARGUMENT, "bucket %d out of range (%d buckets)", bucket, nb);
-  const ShardSet::View v = reducer_->shards().view(bucket);
+  const ShardSet::View v = reducer().shards().view(bucket);
   ddp_shard_info_t full;
   std::memset(&full, 0, sizeof full);
   full.dtype = static_cast<ddp_dtype_t>(v.dtype);
@@ -61,12 +61,12 @@ void Context::grad_shard(int index, size_t* first, size_t* count, size_t* shard_
   check_sharded();
   check_index(index);
   fatal_on_error([&] { commit_locked(); });
-  const Plan& p = reducer_->plan();
+  const Plan& p = reducer().plan();
   const int b = p.bucket_of[static_cast<size_t>(index)];
   const size_t off =
       p.buckets[static_cast<size_t>(b)].offsets[static_cast<size_t>(p.slot_of[static_cast<size_t>(index)])];
-  const size_t n = specs_[static_cast<size_t>(index)].numel;
-  const ShardSet::View v = reducer_->shards().view(b);
+  const size_t n = regs_.specs[static_cast<size_t>(index)].numel;
+  const ShardSet::View v = reducer().shards().view(b);
   const size_t lo = std::max(v.lo, off), hi = std::min(v.lo + v.shard_n, off + n);
   const bool owns = lo < hi;
   if (first) *first = owns ? lo - off : 0;
@@ -79,59 +79,59 @@ void* Context::param_ptr(int index) {
   check_sharded();
   check_index(index);
   fatal_on_error([&] { commit_locked(); });
-  return reducer_->shards().param_of(reducer_->grad_ptr(index));
+  return reducer().shards().param_of(reducer().grad_ptr(index));
 }
 
 void Context::broadcast_params(int root, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_sharded();
-  if (root < 0 || root >= world_) fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world_ - 1);
-  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  if (root < 0 || root >= world()) fail(DDP_ERR_INVALID_ARGUMENT, "root %d out of range 0..%d", root, world() - 1);
+  if (pass_.state == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   CallScope scope(this, Call::Broadcast);
   fatal_on_error([&] {
     commit_locked();
     // Gathers still in flight would write the arena behind the broadcast.
-    for (auto& s : streams_) s->drain(deadline());
-    bcast_->broadcast(reducer_->shards().params(), reducer_->arena_bytes(), root, stream, deadline());
+    for (auto& s : gen_->streams()) s->drain(deadline());
+    gen_->bcast().broadcast(reducer().shards().params(), reducer().arena_bytes(), root, stream, deadline());
   });
 }
 
 void Context::gather_params(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_sharded();
-  if (state_ == State::InBackward)
+  if (pass_.state == State::InBackward)
     fail(DDP_ERR_INVALID_STATE, "not inside a backward pass: the shards are final after ddp_finish_backward");
-  if (gathered_)
+  if (pass_.gathered)
     fail(DDP_ERR_INVALID_STATE,
          "the parameters were already gathered since the last reduction (update the "
          "shards after the next ddp_finish_backward that synchronizes, then gather)");
-  if (shards_local_)
+  if (pass_.shards_local)
     fail(DDP_ERR_INVALID_STATE,
          "the shards are not final: the last backward pass ran with sync off and only "
          "accumulated local grads (finish a backward pass with sync on first)");
   fatal_on_error([&] {
     commit_locked();
-    reducer_->shards().launch_gather(stream);
+    reducer().shards().launch_gather(stream);
   });
-  gathered_ = true;
+  pass_.gathered = true;
 }
 
 void Context::wait_params(int index, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_sharded();
   if (index != -1) check_index(index);
-  if (!gathered_)
+  if (!pass_.gathered)
     fail(DDP_ERR_INVALID_STATE,
          "no parameter gather was launched since the last reduction (call "
          "ddp_gather_params first)");
   CallScope scope(this, Call::WaitParams);
   fatal_on_error([&] {
-    const Plan& p = reducer_->plan();
+    const Plan& p = reducer().plan();
     if (index >= 0) {
-      reducer_->shards().wait_gathered(p.bucket_of[static_cast<size_t>(index)], stream);
+      reducer().shards().wait_gathered(p.bucket_of[static_cast<size_t>(index)], stream);
       return;
     }
-    for (int b = static_cast<int>(p.buckets.size()); b-- > 0;) reducer_->shards().wait_gathered(b, stream);
+    for (int b = static_cast<int>(p.buckets.size()); b-- > 0;) reducer().shards().wait_gathered(b, stream);
   });
 }
 
@@ -139,20 +139,20 @@ void Context::wait_params(int index, void* stream) {
 void Context::shard_norm(void* stream, double* norm, uint64_t* nonfinite) {
   std::lock_guard<std::mutex> lock(mu_);
   check_sharded();
-  if (state_ == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
+  if (pass_.state == State::InBackward) fail(DDP_ERR_INVALID_STATE, "not allowed inside a backward pass");
   double mine[2] = {0.0, 0.0};
-  std::vector<double> all(2 * static_cast<size_t>(world_));
+  std::vector<double> all(2 * static_cast<size_t>(world()));
   CallScope scope(this, Call::ShardNorm);
   fatal_on_error([&] {
     commit_locked();
-    reducer_->shards().norm_terms(stream, mine);
+    reducer().shards().norm_terms(stream, mine);
     CallRecord call;
     call.kind = kShardNorm;
     exchange_call(call);
-    ctrl_->allgather_host(mine, all.data(), sizeof mine, deadline());
+    ctrl().allgather_host(mine, all.data(), sizeof mine, deadline());
   });
   double sq = 0.0, bad = 0.0;
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < world(); ++r) {
     sq += all[2 * static_cast<size_t>(r)];
     bad += all[2 * static_cast<size_t>(r) + 1];
   }

@@ -43,19 +43,21 @@ void Context::stats(ddp_stats_t* out) {
   ddp_stats_t s;
   std::memset(&s, 0, sizeof s);
   s.size = sizeof s;
-  s.iterations = iterations_;
+  s.iterations = pass_.iterations;
   s.buckets_reduced = stats_.buckets_reduced.load();
   s.bytes_reduced = stats_.bytes_reduced.load();
   s.comm_time_ns = stats_.comm_time_ns.load();
-  s.exposed_time_ns = exposed_ns_;
-  s.last_exposed_ns = last_exposed_ns_;
-  s.library_bytes = reducer_ ? reducer_->buffer_bytes() : 0;
-  for (const Comm* c : comms_) s.library_bytes += c->buffer_bytes();
-  s.arena_bytes = reducer_ ? reducer_->arena_bytes() : 0;
+  s.exposed_time_ns = pass_.exposed_ns;
+  s.last_exposed_ns = pass_.last_exposed_ns;
+  const Reducer* r = gen_ ? gen_->reducer() : nullptr;
+  s.library_bytes = r ? r->buffer_bytes() : 0;
+  if (gen_)
+    for (const Comm* c : gen_->comms()) s.library_bytes += c->buffer_bytes();
+  s.arena_bytes = r ? r->arena_bytes() : 0;
   s.nonfinite_buckets = stats_.nonfinite_buckets.load();
-  s.layout_epoch = layout_epoch_;
-  s.world_size = world_;
-  s.rank = rank_;
+  s.layout_epoch = pass_.layout_epoch;
+  s.world_size = world();
+  s.rank = rank();
   stragglers_.fill(s);
   uint64_t wire[2];
   wire_totals(true, wire);
@@ -64,20 +66,11 @@ void Context::stats(ddp_stats_t* out) {
   copy_fields(out, &s, out->size, kStatsSpans, kNumStats);
 }
 
-// Bytes sent and received through the context's communicators, each counted once: the bucket
-// streams' and, with `own`, the control path and ddp_broadcast's channel. Borrowed stream comms count
-// from the context's creation on (wire_base_).
+// Borrowed stream comms count from the context's creation on (wire_base_); generations retired
+// count what they carried (wire_carried_).
 void Context::wire_totals(bool own, uint64_t out[2]) const {
-  std::vector<const Comm*> all;
-  if (own) all = {ctrl_.get(), bcast_.get()};
-  for (const Comm* c : comms_)
-    if (std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
   out[0] = out[1] = 0;
-  for (const Comm* c : all) {
-    if (!c) continue;  // a joiner before its admission
-    out[0] += c->wire_bytes()->sent.load(std::memory_order_relaxed);
-    out[1] += c->wire_bytes()->received.load(std::memory_order_relaxed);
-  }
+  if (gen_) gen_->wire_totals(own, out);
   if (!own) return;
   out[0] += wire_carried_[0] - wire_base_[0];
   out[1] += wire_carried_[1] - wire_base_[1];
@@ -85,9 +78,9 @@ void Context::wire_totals(bool own, uint64_t out[2]) const {
 
 // The plan getters close registration (collective), and still answer after an abort if a plan exists.
 const Plan& Context::committed_plan() {
-  if (!aborted_) fatal_on_error([&] { commit_locked(); });
-  if (!reducer_) check_alive();
-  return reducer_->plan();
+  if (!health_.aborted) fatal_on_error([&] { commit_locked(); });
+  if (!gen_ || !gen_->reducer()) check_alive();
+  return reducer().plan();
 }
 
 void Context::plan_info(int* num_buckets, int* learned) {
@@ -107,7 +100,7 @@ void Context::bucket_info(int bucket, ddp_bucket_info_t* info, int* grads, size_
   ddp_bucket_info_t full;
   std::memset(&full, 0, sizeof full);
   full.dtype = static_cast<ddp_dtype_t>(b.dtype);
-  full.wire = static_cast<ddp_dtype_t>(reducer_->wire(bucket));
+  full.wire = static_cast<ddp_dtype_t>(reducer().wire(bucket));
   full.numel = b.numel;
   full.num_grads = static_cast<int>(b.grads.size());
   full.stream = b.stream;
