@@ -12,6 +12,7 @@
 #include "core/handles.hpp"
 #include "core/host_reduce.hpp"
 #include "core/knobs.hpp"
+#include "core/launcher.hpp"
 #include "core/comms.hpp"
 #include "core/log.hpp"
 
@@ -305,6 +306,16 @@ ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
     need(size, "size");
     check_admitted(k);
     *size = k.size();
+  });
+}
+
+ddp_status_t ddp_launcher_ranks(int* rank, int* size, int* local_rank) {
+  return guard(__func__, [&] {
+    int r = -1, n = 0, lr = -1;
+    launcher_ranks(&r, &n, &lr);
+    if (rank) *rank = r;
+    if (size) *size = n;
+    if (local_rank) *local_rank = lr;
   });
 }
 
