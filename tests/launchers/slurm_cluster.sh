@@ -1,5 +1,6 @@
 # A one-machine Slurm cluster for the launchers suite, sourced by tests/launchers/run.sh: munged,
-# slurmctld and slurmd run as children of the calling shell (in the foreground: -F, -D), with every
+# slurmctld and slurmd run as children of the calling shell (in the foreground: -F, -D; each in a
+# session of its own, so that a Ctrl-C meant for the suite reaches them only through slurm_stop), with every
 # file of theirs (munge key and socket, slurm.conf, state, spool, logs) in one directory and ports
 # found free, so that two clusters on one machine do not meet. Needs root and Debian's slurm-wlm and
 # munge.
@@ -75,7 +76,7 @@ slurm_start() {
   host=$(hostname -s)
   mkdir -p "$SLURM_DIR"/{munge,state,spool,log} && chmod 700 "$SLURM_DIR" "$SLURM_DIR/munge" || return 1
   mungekey -c -k "$SLURM_DIR/munge/munge.key" || { echo "slurm: mungekey failed"; return 1; }
-  munged -F --force --socket="$SLURM_DIR/munge/munge.socket" --key-file="$SLURM_DIR/munge/munge.key" \
+  setsid munged -F --force --socket="$SLURM_DIR/munge/munge.socket" --key-file="$SLURM_DIR/munge/munge.key" \
     --log-file="$SLURM_DIR/log/munged.log" --pid-file="$SLURM_DIR/munge/munged.pid" \
     --seed-file="$SLURM_DIR/munge/munged.seed" >"$SLURM_DIR/log/munged.out" 2>&1 &
   MUNGED_PID=$!
@@ -85,9 +86,9 @@ slurm_start() {
   fi
   slurm_write_conf "$host"
   export SLURM_CONF=$SLURM_DIR/slurm.conf
-  slurmctld -D -f "$SLURM_CONF" >"$SLURM_DIR/log/slurmctld.out" 2>&1 &
+  setsid slurmctld -D -f "$SLURM_CONF" >"$SLURM_DIR/log/slurmctld.out" 2>&1 &
   SLURMCTLD_PID=$!
-  slurmd -D -f "$SLURM_CONF" -N "$host" >"$SLURM_DIR/log/slurmd.out" 2>&1 &
+  setsid slurmd -D -f "$SLURM_CONF" -N "$host" >"$SLURM_DIR/log/slurmd.out" 2>&1 &
   SLURMD_PID=$!
   if ! slurm_wait_for "sinfo -h -o %T | grep -qx idle" 30; then
     echo "slurm: the node did not come up idle within 30 s (sinfo: $(sinfo -h -o '%T %E' 2>&1 | head -n 1));" \
