@@ -20,7 +20,8 @@
  *   --comm mpi   host memory, reduced over MPI (run under mpirun; the default)
  *   --comm gloo  host memory, reduced over Gloo (TCP), no MPI: processes started by torchrun or
  *                tools/ddp_launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); --init names
- *                another rendezvous (tcp://HOST:PORT, file:///DIR)
+ *                another rendezvous (tcp://HOST:PORT, file:///DIR), or auto: whichever launcher
+ *                started the processes (torchrun, srun, mpirun, mpiexec; make launchers)
  *   --comm local N ranks as threads of this one process (--ranks N, default 2) over libddp's local
  *                group: data parallelism that needs no MPI, no Gloo and no launcher (make demo's
  *                default when the build has neither)
@@ -332,8 +333,9 @@ static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grad
   if (strcmp(kind, "mpi") == 0) {
     check(ddp_comm_init_mpi(NULL, &comm), "ddp_comm_init_mpi");
   } else if (strcmp(kind, "gloo") == 0) {
-    /* Rank and world size from RANK and WORLD_SIZE, as torchrun (or examples/run_local.sh) sets them;
-     * a process restarted into a running elastic job (DDP_JOIN=1) joins it instead. */
+    /* Rank and world size from RANK and WORLD_SIZE, as torchrun (or tools/ddp_launch) sets them, or
+     * with --init auto from whichever launcher started the process; a process restarted into a running elastic job
+     * (DDP_JOIN=1) joins it instead. */
     if (joining())
       check(ddp_comm_join_gloo(init, 300000, &comm), "ddp_comm_join_gloo");
     else
@@ -345,14 +347,16 @@ static ddp_comm_t make_comm(const char* kind, const char* init, int* device_grad
     exit(2);
   } else if (strcmp(kind, "nccl") == 0) {
 #ifdef DDP_EXAMPLE_CUDA
-    /* One GPU per rank: the local rank picks the device (Open MPI tells it). */
-    const char* lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    /* One GPU per rank: the local rank picks the device, as the launcher set it (mpirun here; srun
+     * and torchrun as well: ddp_launcher_ranks reads them all). */
+    int lr = -1;
+    if (ddp_launcher_ranks(NULL, NULL, &lr) != DDP_SUCCESS || lr < 0) lr = 0;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
       fprintf(stderr, "--comm nccl: no CUDA device\n");
       exit(1);
     }
-    int dev = (lr ? atoi(lr) : 0) % ndev;
+    int dev = lr % ndev;
     cudaSetDevice(dev);
     check(ddp_comm_init_nccl_mpi(NULL, dev, &comm), "ddp_comm_init_nccl_mpi");
     *device_grads = 1;
@@ -440,13 +444,13 @@ static int cmp_double(const void* a, const void* b) {
 }
 
 static void usage(void) {
-  fprintf(
-      stderr,
-      "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
-      "                   [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N]\n"
-      "                   [--init env://|tcp://H:P|file:///DIR] [--timeline file.json] [--quiet | --print-every K]\n"
-      "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n"
-      "                   [--elastic [--kill RANK@STEP]] [--update-after-finish]\n");
+  fprintf(stderr,
+          "usage: mlp_trainer [--steps N] [--batch B] [--lr X] [--layout arena|copy] [--message-size N]\n"
+          "                   [--delay] [--comm mpi|gloo|local|self|nccl] [--ranks N]\n"
+          "                   [--init env://|auto|tcp://H:P|file:///DIR] [--timeline file.json] [--quiet | "
+          "--print-every K]\n"
+          "                   [--optimizer sgd|momentum|adam] [--shard] [--compression none|bf16|fp16|int8]\n"
+          "                   [--elastic [--kill RANK@STEP]] [--update-after-finish]\n");
   exit(2);
 }
 

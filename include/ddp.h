@@ -246,10 +246,27 @@ DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
  *   "env://" or NULL   MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, as torchrun sets them. Rank 0
  *                      listens on MASTER_ADDR's port DDP_STORE_PORT if set, else MASTER_PORT + 1
  *                      (MASTER_PORT itself is torchrun's or torch.distributed's own store).
+ *                      Without RANK or WORLD_SIZE (when `rank` or `size` is -1), as "auto".
+ *   "auto"             rank, size and rendezvous from the variables of the launcher that started the
+ *                      process, whichever it is: torchrun (RANK, WORLD_SIZE, LOCAL_RANK), Open MPI's
+ *                      mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK), MPICH's mpiexec and other
+ *                      PMI servers (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), PMIx (PMIX_RANK), Slurm's
+ *                      srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), in this order of
+ *                      precedence; every other launcher's variables that are set must agree
+ *                      (DDP_ERR_INVALID_ARGUMENT naming both variables and values otherwise), those
+ *                      of an outer launcher (srun torchrun, mpirun in a Slurm batch script) are left
+ *                      out. Rank 0 listens at MASTER_ADDR, else the loopback when the job runs on
+ *                      one host (a local size equal to the world size, SLURM_STEP_NUM_NODES=1),
+ *                      else the first host of SLURM_STEP_NODELIST; on DDP_STORE_PORT, else
+ *                      MASTER_PORT + 1, else a port in 20000..28999 derived from SLURM_JOB_ID and
+ *                      SLURM_STEP_ID or from the MPI launcher's job id. What is missing is refused,
+ *                      naming what to set. What was found goes to the log in one line
+ *                      (DDP_LOG_INFO). docs/api.md, "The init method auto", has every rule.
  *   "tcp://HOST:PORT"  rank 0 listens on PORT; the others connect to HOST:PORT.
  *   "file:///DIR"      an empty directory that every rank sees (a shared file system); libddp
  *                      removes its files once every rank has read them.
- * `rank` and `size` of -1 are read from RANK and WORLD_SIZE. The ranks then connect to each other
+ * `rank` and `size` of -1 are read from RANK and WORLD_SIZE (with "auto", from the launcher; a rank
+ * or size given must agree with it). The ranks then connect to each other
  * directly (a full mesh of TCP connections, on the interface that reaches rank 0, or the one named
  * by GLOO_SOCKET_IFNAME). Collective over the `size` ranks; bounded by DDP_INIT_TIMEOUT_MS (default
  * 300000 ms; DDP_ERR_TIMEOUT naming the ranks that never arrived). The same timeout, stall-inspector
@@ -334,6 +351,15 @@ DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);
 
 DDP_API ddp_status_t ddp_comm_rank(ddp_comm_t comm, int* rank);
 DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
+/* This process's place as its launcher set it, read as the init method "auto" reads it (see
+ * ddp_comm_init_gloo): its rank, the world size, and its local rank, its place among the job's ranks
+ * on this host (e.g. to pick the CUDA device for ddp_comm_init_nccl_store: local_rank modulo the
+ * device count); the local rank is -1 when no variable gives it and the job may span hosts. Needs no
+ * communicator and makes none: callable before any. Any pointer may be NULL. Thread-safe.
+ * DDP_ERR_INVALID_ARGUMENT as "auto" refuses: no launcher's variables give a rank and a world size,
+ * a value is malformed or out of range, or two launchers' variables disagree (the message names
+ * them). (Added in 0.2.) */
+DDP_API ddp_status_t ddp_launcher_ranks(int* rank, int* size, int* local_rank);
 /* Destroys a communicator. Contexts made over it hold their own duplicates and stay valid.
  * Accepts NULL. A comm hook's bucket->comm is the context's: DDP_ERR_INVALID_ARGUMENT. */
 DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);

@@ -36,7 +36,7 @@ done
 # "Layers", says what each layer is.)
 core_layers=(
   "base: common knobs log inspector host_reduce stragglers timeline config"
-  "backend interfaces: backend comms"
+  "backend interfaces: backend comms launcher"
   "planning: plan program"
   "reduction: int8_wire shard_set reducer+bucket_runtime+bucket_steps agreement joins join_protocol"
   "membership: generation elastic"

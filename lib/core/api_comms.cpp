@@ -1,6 +1,7 @@
 // The C ABI shell of the communicators: each way to make one (MPI, self, local groups, NCCL, Gloo,
 // a joiner's), what it knows of itself, and its destruction. Argument checks sit beside each entry.
 #include "core/comms.hpp"
+#include "core/launcher.hpp"
 #include "core/shell.hpp"
 
 using namespace ddp;
@@ -189,6 +190,16 @@ ddp_status_t ddp_comm_size(ddp_comm_t c, int* size) {
     need(size, "size");
     check_admitted(k);
     *size = k.size();
+  });
+}
+
+ddp_status_t ddp_launcher_ranks(int* rank, int* size, int* local_rank) {
+  return guard(__func__, [&] {
+    int r = -1, n = 0, lr = -1;
+    launcher_ranks(&r, &n, &lr);
+    if (rank) *rank = r;
+    if (size) *size = n;
+    if (local_rank) *local_rank = lr;
   });
 }
 

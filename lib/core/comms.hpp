@@ -14,8 +14,9 @@ namespace ddp {
 std::unique_ptr<Comm> make_mpi_comm(const void* mpi_comm);
 
 // --- Gloo (lib/backends/gloo): host memory over TCP, ranks met through a rendezvous store ---
-// `init_method`: "env://" (or NULL), "tcp://HOST:PORT" or "file:///DIR"; `rank`/`size` < 0 are read from
-// RANK and WORLD_SIZE. Creation, duplicates and probers give up after `timeout_ms` (0: never).
+// `init_method`: "env://" (or NULL), "auto", "tcp://HOST:PORT" or "file:///DIR"; `rank`/`size` < 0 are read
+// from RANK and WORLD_SIZE (with "auto", from the launcher's variables: host/launcher_env.hpp). Creation, duplicates
+// and probers give up after `timeout_ms` (0: never).
 std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size, int64_t timeout_ms);
 // A communicator that joins a running elastic job over `init_method`'s store (Comm::join), giving up
 // after `timeout_ms` (0: never).

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "host/launcher_env.hpp"
 #include "host/tcp.hpp"
 #include "core/knobs.hpp"
 #include "core/log.hpp"
@@ -420,6 +421,8 @@ namespace {
 
 Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl, bool joining) {
   std::string m = init_method && *init_method ? init_method : "env://";
+  std::string launcher;  // "auto", or env:// without RANK and WORLD_SIZE: tcp:// from the launcher's variables
+  m = resolve_launcher_method(m, &rank, &size, joining, &launcher);
   Rendezvous rv;
   if (joining) {
     rv.rank = -1, rv.size = 0;
@@ -454,9 +457,10 @@ Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl, 
     rv.store = std::make_shared<FileStore>(dir);
     rv.describe = m;
   } else {
-    fail(DDP_ERR_INVALID_ARGUMENT, "unknown init method '%s': expected env://, tcp://HOST:PORT or file:///DIR",
+    fail(DDP_ERR_INVALID_ARGUMENT, "unknown init method '%s': expected env://, auto, tcp://HOST:PORT or file:///DIR",
          m.c_str());
   }
+  if (!launcher.empty()) rv.describe = launcher;
   return rv;
 }
 

@@ -56,6 +56,21 @@ status_string(s::Integer) = unsafe_string(ccall(sym(:ddp_status_string), Cstring
 last_error() = unsafe_string(ccall(sym(:ddp_last_error), Cstring, ()))
 version() = Int(ccall(sym(:ddp_version), Cint, ()))
 
+"""
+    launcher_ranks() -> (rank, size, local_rank)
+
+This process's place as its launcher set it (torchrun, Slurm's srun, Open MPI's mpirun, MPICH's
+mpiexec), read as the init method "auto" reads it, without making a communicator: e.g. to pick the
+CUDA device (`local_rank % device count`) before `nccl_store("auto")`. `local_rank` is -1 when no
+variable gives it and the job may span hosts. Throws DDPError when no launcher's variables give a rank
+and a size, or two launchers' disagree.
+"""
+function launcher_ranks()
+    rank, size, local_rank = Ref{Cint}(0), Ref{Cint}(0), Ref{Cint}(0)
+    check(ccall(sym(:ddp_launcher_ranks), Cint, (Ref{Cint}, Ref{Cint}, Ref{Cint}), rank, size, local_rank))
+    return (Int(rank[]), Int(size[]), Int(local_rank[]))
+end
+
 check(st::Cint) = st == 0 ? nothing : throw(DDPError(Int(st), last_error()))
 
 # ---- the structs under the names this module has always given them ---------------------------------
@@ -109,8 +124,10 @@ end
     gloo(init_method="env://"; rank=-1, size=-1, timeout_ms=nothing) -> Comm
 
 Host memory over Gloo (TCP), needing no MPI: processes started by any launcher meet through
-`init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them),
-"tcp://HOST:PORT" or "file:///DIR". `rank` and `size` of -1 are read from RANK and WORLD_SIZE.
+`init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them; without
+RANK or WORLD_SIZE, as "auto"), "auto" (rank, size and rendezvous from whichever launcher started the
+process: torchrun, srun, mpirun, mpiexec), "tcp://HOST:PORT" or "file:///DIR". `rank` and `size` of
+-1 are read from RANK and WORLD_SIZE (with "auto", from the launcher).
 Collective; bounded by `timeout_ms` (default DDP_INIT_TIMEOUT_MS, else 300000; 0 waits forever).
 """
 function gloo(init_method::AbstractString="env://"; rank::Integer=-1, size::Integer=-1,

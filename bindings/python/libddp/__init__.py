@@ -23,6 +23,18 @@ def version():
     return _lib.lib.ddp_version()
 
 
+def launcher_ranks():
+    """(rank, size, local_rank) as the launcher that started this process set them (torchrun, Slurm's
+    srun, Open MPI's mpirun, MPICH's mpiexec), read as the init method "auto" reads them, without making
+    a comm: e.g. to pick the CUDA device (local_rank % device count) before Comm.nccl_store("auto").
+    local_rank is -1 when no variable gives it and the job may span hosts. Raises
+    InvalidArgumentError when no launcher's variables give a rank and a size, or two launchers' disagree."""
+    import ctypes
+    rank, size, local_rank = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    _lib.lib.ddp_launcher_ranks(ctypes.byref(rank), ctypes.byref(size), ctypes.byref(local_rank))
+    return rank.value, size.value, local_rank.value
+
+
 def status_string(status):
     return _lib.lib.ddp_status_string(status).decode()
 
@@ -54,4 +66,4 @@ def set_log_callback(fn):
 __all__ = ["Comm", "LocalGroup", "DDP", "DDPError", "InvalidArgumentError", "InvalidStateError", "MismatchError",
            "OutOfMemoryError", "UnsupportedError", "CudaError", "NcclError", "MpiError", "DDPTimeoutError",
            "AbortedError", "InternalError", "RankLostError", "RankJoiningError", "ClosedError", "Stats", "Bucket", "Plan", "F16", "BF16", "F32", "F64",
-           "version", "status_string", "library_path", "set_log_callback", "LOG_WARN", "LOG_INFO"]
+           "version", "launcher_ranks", "status_string", "library_path", "set_log_callback", "LOG_WARN", "LOG_INFO"]

@@ -258,6 +258,8 @@ FUNCTIONS = {
     "ddp_comm_wrap_nccl": (ddp_status_t, [ctypes.c_void_p, ctypes.POINTER(ddp_comm_t)]),
     "ddp_comm_rank": (ddp_status_t, [ddp_comm_t, ctypes.POINTER(ctypes.c_int)]),
     "ddp_comm_size": (ddp_status_t, [ddp_comm_t, ctypes.POINTER(ctypes.c_int)]),
+    "ddp_launcher_ranks": (ddp_status_t, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                                          ctypes.POINTER(ctypes.c_int)]),
     "ddp_comm_destroy": (ddp_status_t, [ddp_comm_t]),
     "ddp_config_init_sized": (ddp_status_t, [ctypes.POINTER(ddp_config_t), ctypes.c_size_t]),
     "ddp_config_init": (ddp_status_t, [ctypes.POINTER(ddp_config_t)]),
@@ -307,12 +309,12 @@ RETURNS_STATUS = frozenset(["ddp_comm_init_mpi", "ddp_comm_init_gloo", "ddp_comm
     "ddp_local_group_destroy", "ddp_nccl_get_unique_id", "ddp_comm_init_nccl", "ddp_comm_init_nccl_timeout",
     "ddp_comm_init_nccl_mpi", "ddp_comm_init_nccl_mpi_timeout", "ddp_comm_init_nccl_store",
     "ddp_comm_init_nccl_store_timeout", "ddp_comm_join_nccl", "ddp_comm_wrap_nccl", "ddp_comm_rank", "ddp_comm_size",
-    "ddp_comm_destroy", "ddp_config_init_sized", "ddp_config_init", "ddp_create", "ddp_register_grad", "ddp_commit",
-    "ddp_grad_ptr", "ddp_set_grad_ptr", "ddp_begin_backward", "ddp_grad_ready", "ddp_grad_ready_ptr",
-    "ddp_finish_backward", "ddp_wait_grad", "ddp_set_sync", "ddp_reduce_all", "ddp_broadcast", "ddp_synchronize",
-    "ddp_join", "ddp_recover", "ddp_allreduce_host", "ddp_barrier", "ddp_set_comm_hook", "ddp_comm_allreduce",
-    "ddp_get_stats", "ddp_get_plan", "ddp_get_bucket", "ddp_get_shard", "ddp_grad_shard", "ddp_param_ptr",
-    "ddp_broadcast_params", "ddp_gather_params", "ddp_wait_params", "ddp_shard_norm", "ddp_destroy",
+    "ddp_launcher_ranks", "ddp_comm_destroy", "ddp_config_init_sized", "ddp_config_init", "ddp_create",
+    "ddp_register_grad", "ddp_commit", "ddp_grad_ptr", "ddp_set_grad_ptr", "ddp_begin_backward", "ddp_grad_ready",
+    "ddp_grad_ready_ptr", "ddp_finish_backward", "ddp_wait_grad", "ddp_set_sync", "ddp_reduce_all", "ddp_broadcast",
+    "ddp_synchronize", "ddp_join", "ddp_recover", "ddp_allreduce_host", "ddp_barrier", "ddp_set_comm_hook",
+    "ddp_comm_allreduce", "ddp_get_stats", "ddp_get_plan", "ddp_get_bucket", "ddp_get_shard", "ddp_grad_shard",
+    "ddp_param_ptr", "ddp_broadcast_params", "ddp_gather_params", "ddp_wait_params", "ddp_shard_norm", "ddp_destroy",
     "ddp_set_log_callback"])
 
 

@@ -146,8 +146,10 @@ class Comm(_Handle):
     def gloo(cls, init_method="env://", rank=-1, size=-1, timeout_ms=None):
         """Host-memory comm over Gloo (TCP), needing no MPI. `init_method`: "env://" (MASTER_ADDR,
         MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them; libddp's store listens on MASTER_PORT + 1
-        or DDP_STORE_PORT), "tcp://HOST:PORT" or "file:///DIR". A rank or size of -1 is read from RANK /
-        WORLD_SIZE. Collective; gives up with TimeoutError after `timeout_ms` (default:
+        or DDP_STORE_PORT; without RANK or WORLD_SIZE, as "auto"), "auto" (rank, size and rendezvous
+        from whichever launcher started the process: torchrun, srun, mpirun, mpiexec; docs/api.md, "The
+        init method auto"), "tcp://HOST:PORT" or "file:///DIR". A rank or size of -1 is read from RANK /
+        WORLD_SIZE (with "auto", from the launcher). Collective; gives up with TimeoutError after `timeout_ms` (default:
         DDP_INIT_TIMEOUT_MS, else 300000; 0 waits forever)."""
         h = L.ddp_comm_t()
         method = None if init_method is None else str(init_method).encode()

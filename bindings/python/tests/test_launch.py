@@ -69,6 +69,42 @@ def test_torch_matches_torch_ddp_under_torchrun_environment(np_):
     assert out.count("parity ok") == np_, out
 
 
+AUTO = r"""
+import libddp
+rank, size, local = libddp.launcher_ranks()
+comm = libddp.Comm.gloo("auto")
+print("rank %d of %d, local rank %d; comm rank %d of %d" % (rank, size, local, comm.rank, comm.size), flush=True)
+comm.close()
+"""
+
+
+@needs_gloo
+def test_auto_takes_the_launchers_ranks(tmp_path):
+    """The init method auto and launcher_ranks() under ddp_launch (torchrun's variables)."""
+    script = tmp_path / "auto.py"
+    script.write_text(AUTO)
+    rc, out = launch(2, [PYTHON, str(script)])
+    assert rc == 0, out
+    for r in (0, 1):
+        assert "rank %d of 2, local rank %d; comm rank %d of 2" % (r, r, r) in out, out
+
+
+def test_launcher_ranks_names_what_is_missing_or_contradicts(monkeypatch):
+    for v in list(os.environ):
+        if v.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_COMM_WORLD", "PMI", "MPI_LOCAL", "SLURM_", "GROUP_RANK",
+                         "TORCHELASTIC")):
+            monkeypatch.delenv(v)
+    with pytest.raises(libddp.InvalidArgumentError, match="no launcher's variables give this process a rank"):
+        libddp.launcher_ranks()
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    assert libddp.launcher_ranks() == (2, 3, 0)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(libddp.InvalidArgumentError, match=r"RANK=1 \(torchrun\) but OMPI_COMM_WORLD_RANK=2 \(Open MPI\)"):
+        libddp.launcher_ranks()
+
+
 TRAINS_ALONE = r"""
 import os, sys, torch
 import libddp, libddp.torch as ltorch

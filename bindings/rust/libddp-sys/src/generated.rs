@@ -265,6 +265,7 @@ extern "C" {
     pub fn ddp_comm_wrap_nccl(nccl_comm: *mut c_void, comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
     pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;
+    pub fn ddp_launcher_ranks(rank: *mut c_int, size: *mut c_int, local_rank: *mut c_int) -> ddp_status_t;
     pub fn ddp_comm_destroy(comm: ddp_comm_t) -> ddp_status_t;
     pub fn ddp_config_init_sized(config: *mut ddp_config_t, size: usize) -> ddp_status_t;
     pub fn ddp_config_init(config: *mut ddp_config_t) -> ddp_status_t;

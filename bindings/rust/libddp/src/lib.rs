@@ -71,6 +71,17 @@ pub fn version() -> i32 {
     unsafe { sys::ddp_version() }
 }
 
+/// `(rank, size, local_rank)` as the launcher that started this process set them (torchrun, Slurm's
+/// srun, Open MPI's mpirun, MPICH's mpiexec), read as the init method "auto" reads them, without
+/// making a comm: e.g. to pick the CUDA device (`local_rank % device count`) before
+/// `Comm::nccl_store("auto", ...)`. `local_rank` is -1 when no variable gives it and the job may span
+/// hosts. An error when no launcher's variables give a rank and a size, or two launchers' disagree.
+pub fn launcher_ranks() -> Result<(i32, i32, i32)> {
+    let (mut rank, mut size, mut local_rank): (c_int, c_int, c_int) = (0, 0, 0);
+    check(unsafe { sys::ddp_launcher_ranks(&mut rank, &mut size, &mut local_rank) })?;
+    Ok((rank, size, local_rank))
+}
+
 fn check(status: sys::ddp_status_t) -> Result<()> {
     if status == sys::DDP_SUCCESS {
         return Ok(());
@@ -147,9 +158,11 @@ impl Comm {
         Comm::make(false, |raw| unsafe { sys::ddp_comm_init_mpi(ptr::null(), raw) })
     }
     /// Host memory over Gloo (TCP), needing no MPI: processes started by any launcher meet through
-    /// `init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them),
-    /// "tcp://HOST:PORT" or "file:///DIR". `rank` and `size` of None are read from RANK and
-    /// WORLD_SIZE. Collective; bounded by DDP_INIT_TIMEOUT_MS (default 300 s).
+    /// `init_method`: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them;
+    /// without RANK or WORLD_SIZE, as "auto"), "auto" (rank, size and rendezvous from whichever
+    /// launcher started the process: torchrun, srun, mpirun, mpiexec), "tcp://HOST:PORT" or
+    /// "file:///DIR". `rank` and `size` of None are read from RANK and WORLD_SIZE (with "auto", from
+    /// the launcher). Collective; bounded by DDP_INIT_TIMEOUT_MS (default 300 s).
     pub fn gloo(init_method: &str, rank: Option<i32>, size: Option<i32>) -> Result<Comm> {
         let method = c_method(init_method)?;
         let (r, n) = (rank.unwrap_or(-1), size.unwrap_or(-1));
