@@ -504,7 +504,9 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   const Hosts hosts(s);
   if (s.cut && !hosts.made) return "the network namespaces of the cut could not be made";
   for (int r = 0; r < s.np; ++r) start(r);
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  // (a second death inside the recovery may cost several attempts of up to twice timeout_ms each)
+  const int limit_s = s.in_recovery ? 180 : 90;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
   auto joiner_at = std::chrono::steady_clock::time_point::max();
   std::vector<int> status(static_cast<size_t>(procs), -1);
   int left = procs;
@@ -543,7 +545,7 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
   }
   std::string why;
   if (left > 0) {
-    why = "hang: " + std::to_string(left) + " processes still running after 90 s";
+    why = "hang: " + std::to_string(left) + " processes still running after " + std::to_string(limit_s) + " s";
     for (size_t r = 0; r < pids.size(); ++r)  // what the ranks that gave up said (a failed check)
       if (status[r] != -1 && WIFEXITED(status[r]) && WEXITSTATUS(status[r]) != 0)
         why += "; rank id " + std::to_string(r) + " ended with exit " + std::to_string(WEXITSTATUS(status[r])) + ": " +
@@ -552,6 +554,8 @@ std::string run(Scenario s, double* recovery_ms, double* admission_ms) {
       if (status[r] == -1 && pids[r] > 0) {
         kill(pids[r], SIGKILL);
         waitpid(pids[r], nullptr, 0);
+        why += "; rank id " + std::to_string(r) +
+               " (still running) said: " + read_file(s.dir + "/err." + std::to_string(r));
       }
     return why;
   }
