@@ -689,7 +689,8 @@ typedef struct ddp_membership {
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
  * grads may have moved: ask ddp_grad_ptr again. `membership` may be NULL; `members` (may be NULL)
  * receives, for each new rank i below `capacity`, its number in the old world (-1: a joiner): the
- * membership this rank last held, even after attempts that returned DDP_ERR_TIMEOUT.
+ * membership this rank last held, even after attempts that returned DDP_ERR_TIMEOUT (or an
+ * admission that returned DDP_ERR_RANK_LOST: a joiner lost while it was being admitted).
  * DDP_ERR_TIMEOUT when the membership could not be agreed within timeout_ms (the store is gone: a
  * TCP store lives in rank 0's process, a file store outlives every rank), or when another rank was
  * lost while the new communicators were being made (each attempt then takes up to about twice
