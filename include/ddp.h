@@ -309,6 +309,32 @@ DDP_API ddp_status_t ddp_local_group_create(int nranks, ddp_local_group_t* group
 DDP_API ddp_status_t ddp_comm_init_local(ddp_local_group_t group, int rank, ddp_comm_t* comm);
 DDP_API ddp_status_t ddp_local_group_destroy(ddp_local_group_t group);
 
+DDP_API ddp_status_t ddp_comm_rank(ddp_comm_t comm, int* rank);
+DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
+/* This process's place as its launcher set it, read as the init method "auto" reads it (see
+ * ddp_comm_init_gloo): its rank, the world size, and its local rank, its place among the job's ranks
+ * on this host (e.g. to pick the CUDA device for ddp_comm_init_nccl_store: local_rank modulo the
+ * device count); the local rank is -1 when no variable gives it and the job may span hosts. Needs no
+ * communicator and makes none: callable before any. Any pointer may be NULL. Thread-safe.
+ * DDP_ERR_INVALID_ARGUMENT as "auto" refuses: no launcher's variables give a rank and a world size,
+ * a value is malformed or out of range, or two launchers' variables disagree (the message names
+ * them). (Added in 0.2.) */
+DDP_API ddp_status_t ddp_launcher_ranks(int* rank, int* size, int* local_rank);
+/* Destroys a communicator. Contexts made over it hold their own duplicates and stay valid.
+ * Accepts NULL. A comm hook's bucket->comm is the context's: DDP_ERR_INVALID_ARGUMENT. */
+DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
+
+/* ------------------------------------------------------------------------------------------------
+ * Experimental: device memory (CUDA streams and NCCL), and elastic membership over NCCL.
+ *
+ * Built and linked by every CUDA build, and tested end to end without a GPU over a simulated CUDA
+ * runtime and NCCL (tests/gpusim; docs/gpu.md says what has run on hardware, and where). Not yet
+ * proven on GPU hardware or at scale, so kept apart here: their ABI is kept as every call's (nothing
+ * is renumbered or removed, functions are only added), but their behaviour may change in a minor
+ * release where hardware shows it must. Elastic contexts (config.elastic) over these communicators
+ * are experimental in the same way; over Gloo and local groups they are not.
+ * --------------------------------------------------------------------------------------------- */
+
 /* NCCL: a new unique id, made on one rank and sent to the others by the caller. */
 DDP_API ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id);
 /* Device-memory communicator over NCCL for rank `rank` of `nranks`, on CUDA device `cuda_device`.
@@ -348,21 +374,6 @@ DDP_API ddp_status_t ddp_comm_join_nccl(const char* init_method, int cuda_device
 /* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
  * destroys it; it must outlive every context made over the returned comm. */
 DDP_API ddp_status_t ddp_comm_wrap_nccl(void* nccl_comm, ddp_comm_t* comm);
-
-DDP_API ddp_status_t ddp_comm_rank(ddp_comm_t comm, int* rank);
-DDP_API ddp_status_t ddp_comm_size(ddp_comm_t comm, int* size);
-/* This process's place as its launcher set it, read as the init method "auto" reads it (see
- * ddp_comm_init_gloo): its rank, the world size, and its local rank, its place among the job's ranks
- * on this host (e.g. to pick the CUDA device for ddp_comm_init_nccl_store: local_rank modulo the
- * device count); the local rank is -1 when no variable gives it and the job may span hosts. Needs no
- * communicator and makes none: callable before any. Any pointer may be NULL. Thread-safe.
- * DDP_ERR_INVALID_ARGUMENT as "auto" refuses: no launcher's variables give a rank and a world size,
- * a value is malformed or out of range, or two launchers' variables disagree (the message names
- * them). (Added in 0.2.) */
-DDP_API ddp_status_t ddp_launcher_ranks(int* rank, int* size, int* local_rank);
-/* Destroys a communicator. Contexts made over it hold their own duplicates and stay valid.
- * Accepts NULL. A comm hook's bucket->comm is the context's: DDP_ERR_INVALID_ARGUMENT. */
-DDP_API ddp_status_t ddp_comm_destroy(ddp_comm_t comm);
 
 /* ------------------------------------------------------------------------------------------------
  * Configuration: a versioned struct, filled by DDP_CONFIG_INITIALIZER or ddp_config_init.

@@ -248,6 +248,10 @@ extern "C" {
     pub fn ddp_local_group_create(nranks: c_int, group: *mut ddp_local_group_t) -> ddp_status_t;
     pub fn ddp_comm_init_local(group: ddp_local_group_t, rank: c_int, comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_local_group_destroy(group: ddp_local_group_t) -> ddp_status_t;
+    pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
+    pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;
+    pub fn ddp_launcher_ranks(rank: *mut c_int, size: *mut c_int, local_rank: *mut c_int) -> ddp_status_t;
+    pub fn ddp_comm_destroy(comm: ddp_comm_t) -> ddp_status_t;
     pub fn ddp_nccl_get_unique_id(id: *mut ddp_nccl_id_t) -> ddp_status_t;
     pub fn ddp_comm_init_nccl(id: *const ddp_nccl_id_t, nranks: c_int, rank: c_int, cuda_device: c_int,
                               comm: *mut ddp_comm_t) -> ddp_status_t;
@@ -263,10 +267,6 @@ extern "C" {
     pub fn ddp_comm_join_nccl(init_method: *const c_char, cuda_device: c_int, timeout_ms: i64,
                               comm: *mut ddp_comm_t) -> ddp_status_t;
     pub fn ddp_comm_wrap_nccl(nccl_comm: *mut c_void, comm: *mut ddp_comm_t) -> ddp_status_t;
-    pub fn ddp_comm_rank(comm: ddp_comm_t, rank: *mut c_int) -> ddp_status_t;
-    pub fn ddp_comm_size(comm: ddp_comm_t, size: *mut c_int) -> ddp_status_t;
-    pub fn ddp_launcher_ranks(rank: *mut c_int, size: *mut c_int, local_rank: *mut c_int) -> ddp_status_t;
-    pub fn ddp_comm_destroy(comm: ddp_comm_t) -> ddp_status_t;
     pub fn ddp_config_init_sized(config: *mut ddp_config_t, size: usize) -> ddp_status_t;
     pub fn ddp_config_init(config: *mut ddp_config_t) -> ddp_status_t;
     pub fn ddp_create(comm: ddp_comm_t, config: *const ddp_config_t, ddp: *mut ddp_t) -> ddp_status_t;
