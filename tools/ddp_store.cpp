@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "core/knobs.hpp"
-#include "host/store.hpp"
+#include "host/store_tcp.hpp"
 
 namespace {
 std::atomic<bool> g_stop{false};

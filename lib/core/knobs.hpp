@@ -4,7 +4,7 @@
 // reports itself, because using a default would hide a mistake that decides where ranks meet or how
 // long they wait: DDP_STORE_PORT and DDP_INIT_TIMEOUT_MS answer DDP_ERR_INVALID_ARGUMENT.
 // (torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are the env:// rendezvous's arguments,
-// read and checked by it: lib/host/store.cpp.)
+// read and checked by it: lib/host/rendezvous.cpp.)
 #pragma once
 
 #include <cstdint>

@@ -33,7 +33,7 @@
 #include "host/probe.hpp"
 #include "host/ring.hpp"
 #include "host/sigpipe.hpp"
-#include "host/store.hpp"
+#include "host/rendezvous.hpp"
 #include "host/tcp.hpp"
 
 namespace ddp {
