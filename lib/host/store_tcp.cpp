@@ -1,6 +1,7 @@
 // The TCP store: the server (rank 0's, or tools/ddp_store's) and the client every rank holds.
 #include "host/store_tcp.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -43,6 +44,12 @@ class TcpStoreServer {
     for (Client& c : clients_) c.thread.join();
   }
   int port() const { return tcp::bound_port(listener_); }
+  StoreCounters counters() const {
+    StoreCounters c;
+    c.requests = requests_, c.bytes_in = bytes_in_, c.bytes_out = bytes_out_;
+    c.connections = accepted_, c.peak_connections = peak_, c.open_connections = open_;
+    return c;
+  }
 
  private:
   // Also joins the threads of connections that ended (ranks that left, clients that reconnected), so
@@ -51,6 +58,8 @@ class TcpStoreServer {
     while (!stopped()) {
       tcp::Socket c = tcp::accept_within(listener_, 50);
       if (c.valid()) {
+        ++accepted_;
+        peak_ = std::max<uint64_t>(peak_, ++open_);
         auto done = std::make_shared<std::atomic<bool>>(false);
         clients_.push_back(Client{std::thread([this, done, s = std::make_shared<tcp::Socket>(std::move(c))] {
                                     serve(*s);
@@ -65,6 +74,7 @@ class TcpStoreServer {
         }
         it->thread.join();
         it = clients_.erase(it);
+        --open_;
       }
     }
   }
@@ -80,7 +90,8 @@ class TcpStoreServer {
         while (!tcp::readable_within(s, 100))
           if (stopped()) return;
         char op = 0;
-        tcp::recv_all(s, &op, 1, Deadline::after_ms(60000), "store");
+        ++requests_;
+        rx(s, &op, 1, Deadline::after_ms(60000), "store");
         if (!answer(s, op, read_blob<uint32_t>(s))) return;
       }
     } catch (const Error&) {
@@ -101,7 +112,7 @@ class TcpStoreServer {
           t_.kv[key].assign(v.begin(), v.end());
       }
       t_.cv.notify_all();
-      tcp::send_all(s, &won, 1, Deadline::after_ms(60000), "store");
+      tx(s, &won, 1, Deadline::after_ms(60000), "store");
       if (!won) send_value(s, held);
       return true;
     }
@@ -115,7 +126,7 @@ class TcpStoreServer {
         auto it = t_.kv.find(key);
         if (it != t_.kv.end()) v = it->second, found = 1;
       }
-      tcp::send_all(s, &found, 1, Deadline::after_ms(60000), "store");
+      tx(s, &found, 1, Deadline::after_ms(60000), "store");
       if (!found) return true;
     } else {
       return false;
@@ -123,18 +134,18 @@ class TcpStoreServer {
     send_value(s, v);
     return true;
   }
-  static void send_value(const tcp::Socket& s, const std::vector<char>& v) {
+  void send_value(const tcp::Socket& s, const std::vector<char>& v) {
     const uint64_t n = v.size();
-    tcp::send_all(s, &n, sizeof n, Deadline::after_ms(60000), "store");
-    tcp::send_all(s, v.data(), v.size(), Deadline::after_ms(60000), "store");
+    tx(s, &n, sizeof n, Deadline::after_ms(60000), "store");
+    tx(s, v.data(), v.size(), Deadline::after_ms(60000), "store");
   }
   template <class Len>
   std::string read_blob(const tcp::Socket& s) {
     Len n = 0;
-    tcp::recv_all(s, &n, sizeof n, Deadline::after_ms(60000), "store");
+    rx(s, &n, sizeof n, Deadline::after_ms(60000), "store");
     if (n > (Len(1) << 30)) fail(DDP_ERR_INVALID_ARGUMENT, "store: request too large");
     std::string v(static_cast<size_t>(n), '\0');
-    tcp::recv_all(s, &v[0], v.size(), Deadline::after_ms(60000), "store");
+    rx(s, &v[0], v.size(), Deadline::after_ms(60000), "store");
     return v;
   }
   // False when the server stops or the client goes away while it waits (it gave up: its deadline
@@ -152,6 +163,16 @@ class TcpStoreServer {
     return true;
   }
 
+  void rx(const tcp::Socket& s, void* p, size_t n, Deadline dl, const char* what) {
+    tcp::recv_all(s, p, n, dl, what);
+    bytes_in_ += n;
+  }
+  void tx(const tcp::Socket& s, const void* p, size_t n, Deadline dl, const char* what) {
+    tcp::send_all(s, p, n, dl, what);
+    bytes_out_ += n;
+  }
+
+  std::atomic<uint64_t> requests_{0}, bytes_in_{0}, bytes_out_{0}, accepted_{0}, peak_{0}, open_{0};
   tcp::Socket listener_;
   Table t_;
   std::thread acceptor_;
@@ -161,6 +182,8 @@ class TcpStoreServer {
   };
   std::list<Client> clients_;  // touched by the acceptor only, joined after it
 };
+
+std::atomic<uint64_t> g_requests_sent{0};
 
 class TcpStore final : public Store {
  public:
@@ -269,6 +292,7 @@ class TcpStore final : public Store {
     return v;
   }
   void send_head(char op, const std::string& key, Deadline dl) {
+    ++g_requests_sent;
     const uint32_t n = static_cast<uint32_t>(key.size());
     tcp::send_all(s_, &op, 1, dl, what(key));
     tcp::send_all(s_, &n, sizeof n, dl, what(key));
@@ -295,10 +319,22 @@ std::shared_ptr<Store> open_tcp_store(const std::string& host, int port, bool se
   return std::make_shared<TcpStore>(std::move(server), std::move(s), host, port);
 }
 
-void serve_store(int port, const std::function<void(int)>& listening, const std::function<bool()>& stop) {
-  TcpStoreServer server(port);
-  listening(server.port());
-  while (!stop()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+struct StoreServer::Impl {
+  explicit Impl(int port) : server(port) {}
+  TcpStoreServer server;
+};
+StoreServer::StoreServer(int port) : impl_(new Impl(port)) {}
+StoreServer::~StoreServer() = default;
+int StoreServer::port() const { return impl_->server.port(); }
+StoreCounters StoreServer::counters() const { return impl_->server.counters(); }
+
+uint64_t tcp_store_requests_sent() { return g_requests_sent.load(); }
+
+std::string describe(const StoreCounters& c) {
+  return format("%llu requests, %llu bytes in, %llu bytes out, %llu connections (peak %llu open), %llu wake-ups",
+                (unsigned long long)c.requests, (unsigned long long)c.bytes_in, (unsigned long long)c.bytes_out,
+                (unsigned long long)c.connections, (unsigned long long)c.peak_connections,
+                (unsigned long long)c.wakeups);
 }
 
 }  // namespace ddp

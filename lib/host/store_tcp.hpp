@@ -2,7 +2,7 @@
 // outlive every rank), and a client in every rank.
 #pragma once
 
-#include <functional>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,9 +16,33 @@ namespace ddp {
 std::shared_ptr<Store> open_tcp_store(const std::string& host, int port, bool serve, const std::string& who,
                                       Deadline dl, std::string* local);
 
+// What a server did since it started, for tests and benchmarks (read from any thread).
+struct StoreCounters {
+  uint64_t requests = 0, bytes_in = 0, bytes_out = 0;
+  uint64_t connections = 0, peak_connections = 0, open_connections = 0;  // accepted; most open at once; open now
+  uint64_t wakeups = 0;                                                  // waiting requests looked at again
+};
+// "12 requests, 340 bytes in, ...": one line for a log.
+std::string describe(const StoreCounters& c);
+
 // The server alone, for a process that hosts a job's store for its whole life (tools/ddp_store; the
-// ranks then set DDP_STORE_EXTERNAL=1): listens on `port` (0: any), calls `listening` with the port
-// bound, and serves until `stop` (polled every 100 ms) returns true.
-void serve_store(int port, const std::function<void(int)>& listening, const std::function<bool()>& stop);
+// ranks then set DDP_STORE_EXTERNAL=1): listens on `port` (0: any) from its construction until its
+// destruction.
+class StoreServer {
+ public:
+  explicit StoreServer(int port);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const;
+  StoreCounters counters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The requests this process's TCP store clients sent so far (all of them together).
+uint64_t tcp_store_requests_sent();
 
 }  // namespace ddp
