@@ -1,340 +1,391 @@
-// The TCP store: the server (rank 0's, or tools/ddp_store's) and the client every rank holds.
+// The TCP store's client: one connection per store and process, shared by every thread that uses the
+// store. Requests carry ids and go out whole, so that many can be under way at once on the one
+// connection (a watch that blocks for minutes does not hold up the others); answers come back in any
+// order and find their caller by id. No thread is started to read them: a caller that waits reads for
+// everyone while it waits, and hands the reading over when its own answer came.
 #include "host/store_tcp.hpp"
 
-#include <algorithm>
-#include <atomic>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <errno.h>
+
+#include <climits>
 #include <condition_variable>
 #include <cstring>
-#include <list>
 #include <map>
 #include <mutex>
-#include <thread>
 
+#include "host/store_wire.hpp"
 #include "host/tcp.hpp"
 
 namespace ddp {
 
 namespace {
 
-constexpr char kSet = 'S', kGet = 'G', kClaim = 'C', kTry = 'T';
-// A request: op, u32 key length, key, and for a set or a claim u64 value length and the value. A set
-// is answered with one byte, a get (once the key exists) with u64 length and the value, a claim with
-// one byte (1: claimed; 0: followed by the value held), a try with one byte (1: followed by the value).
-
-struct Table {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, std::vector<char>> kv;
-  bool stop = false;
-};
-
-// Rank 0's server: one thread accepts, one thread per connection answers its requests in order.
-class TcpStoreServer {
- public:
-  explicit TcpStoreServer(int port) : listener_(tcp::listen_on(port, "the rendezvous store (rank 0)")) {
-    acceptor_ = std::thread([this] { accept_loop(); });
-  }
-  ~TcpStoreServer() {
-    {
-      std::lock_guard<std::mutex> lock(t_.mu);
-      t_.stop = true;
-    }
-    t_.cv.notify_all();
-    acceptor_.join();
-    for (Client& c : clients_) c.thread.join();
-  }
-  int port() const { return tcp::bound_port(listener_); }
-  StoreCounters counters() const {
-    StoreCounters c;
-    c.requests = requests_, c.bytes_in = bytes_in_, c.bytes_out = bytes_out_;
-    c.connections = accepted_, c.peak_connections = peak_, c.open_connections = open_;
-    return c;
-  }
-
- private:
-  // Also joins the threads of connections that ended (ranks that left, clients that reconnected), so
-  // that a long job does not keep one thread per connection it ever had.
-  void accept_loop() {
-    while (!stopped()) {
-      tcp::Socket c = tcp::accept_within(listener_, 50);
-      if (c.valid()) {
-        ++accepted_;
-        peak_ = std::max<uint64_t>(peak_, ++open_);
-        auto done = std::make_shared<std::atomic<bool>>(false);
-        clients_.push_back(Client{std::thread([this, done, s = std::make_shared<tcp::Socket>(std::move(c))] {
-                                    serve(*s);
-                                    done->store(true);
-                                  }),
-                                  done});
-      }
-      for (auto it = clients_.begin(); it != clients_.end();) {
-        if (!it->done->load()) {
-          ++it;
-          continue;
-        }
-        it->thread.join();
-        it = clients_.erase(it);
-        --open_;
-      }
-    }
-  }
-  bool stopped() {
-    std::lock_guard<std::mutex> lock(t_.mu);
-    return t_.stop;
-  }
-  // Requests are read with short deadlines so that the thread notices the stop; a client that
-  // disconnects or sends garbage ends its thread.
-  void serve(const tcp::Socket& s) {
-    try {
-      for (;;) {
-        while (!tcp::readable_within(s, 100))
-          if (stopped()) return;
-        char op = 0;
-        ++requests_;
-        rx(s, &op, 1, Deadline::after_ms(60000), "store");
-        if (!answer(s, op, read_blob<uint32_t>(s))) return;
-      }
-    } catch (const Error&) {
-    }
-  }
-  // One request: false when the connection is to end.
-  bool answer(const tcp::Socket& s, char op, const std::string& key) {
-    if (op == kSet || op == kClaim) {
-      const std::string v = read_blob<uint64_t>(s);
-      std::vector<char> held;
-      char won = 1;
-      {
-        std::lock_guard<std::mutex> lock(t_.mu);
-        auto it = t_.kv.find(key);
-        if (op == kClaim && it != t_.kv.end())
-          held = it->second, won = 0;
-        else
-          t_.kv[key].assign(v.begin(), v.end());
-      }
-      t_.cv.notify_all();
-      tx(s, &won, 1, Deadline::after_ms(60000), "store");
-      if (!won) send_value(s, held);
-      return true;
-    }
-    std::vector<char> v;
-    if (op == kGet) {
-      if (!wait_key(s, key, &v)) return false;
-    } else if (op == kTry) {
-      char found = 0;
-      {
-        std::lock_guard<std::mutex> lock(t_.mu);
-        auto it = t_.kv.find(key);
-        if (it != t_.kv.end()) v = it->second, found = 1;
-      }
-      tx(s, &found, 1, Deadline::after_ms(60000), "store");
-      if (!found) return true;
-    } else {
-      return false;
-    }
-    send_value(s, v);
-    return true;
-  }
-  void send_value(const tcp::Socket& s, const std::vector<char>& v) {
-    const uint64_t n = v.size();
-    tx(s, &n, sizeof n, Deadline::after_ms(60000), "store");
-    tx(s, v.data(), v.size(), Deadline::after_ms(60000), "store");
-  }
-  template <class Len>
-  std::string read_blob(const tcp::Socket& s) {
-    Len n = 0;
-    rx(s, &n, sizeof n, Deadline::after_ms(60000), "store");
-    if (n > (Len(1) << 30)) fail(DDP_ERR_INVALID_ARGUMENT, "store: request too large");
-    std::string v(static_cast<size_t>(n), '\0');
-    rx(s, &v[0], v.size(), Deadline::after_ms(60000), "store");
-    return v;
-  }
-  // False when the server stops or the client goes away while it waits (it gave up: its deadline
-  // passed, or it died), so that no thread waits for a key nobody will read.
-  bool wait_key(const tcp::Socket& s, const std::string& key, std::vector<char>* out) {
-    std::unique_lock<std::mutex> lock(t_.mu);
-    while (!t_.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return t_.stop || t_.kv.count(key); })) {
-      lock.unlock();
-      const bool gone = tcp::hung_up(s);
-      lock.lock();
-      if (gone) return false;
-    }
-    if (!t_.kv.count(key)) return false;  // stopped (a key set just before the stop is still answered)
-    *out = t_.kv[key];
-    return true;
-  }
-
-  void rx(const tcp::Socket& s, void* p, size_t n, Deadline dl, const char* what) {
-    tcp::recv_all(s, p, n, dl, what);
-    bytes_in_ += n;
-  }
-  void tx(const tcp::Socket& s, const void* p, size_t n, Deadline dl, const char* what) {
-    tcp::send_all(s, p, n, dl, what);
-    bytes_out_ += n;
-  }
-
-  std::atomic<uint64_t> requests_{0}, bytes_in_{0}, bytes_out_{0}, accepted_{0}, peak_{0}, open_{0};
-  tcp::Socket listener_;
-  Table t_;
-  std::thread acceptor_;
-  struct Client {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::list<Client> clients_;  // touched by the acceptor only, joined after it
-};
+namespace w = store_wire;
 
 std::atomic<uint64_t> g_requests_sent{0};
 
+// How long past its deadline a Get waits for the server's own answer at that deadline, which names
+// the key still missing; a server that has not answered by then is not waited for.
+constexpr int64_t kLateAnswerMs = 250;
+
+// One connection to the server. Broken for good at its first failure (the server gone, a request cut
+// short); the store then makes a new one.
+class Link {
+ public:
+  struct Call {
+    bool done = false;
+    std::string answer;  // the answer's fields, after the id
+  };
+  enum class End { Answered, Deadline, Stopped };
+
+  explicit Link(tcp::Socket s) : s_(std::move(s)), wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~Link() {
+    if (wake_ >= 0) ::close(wake_);
+  }
+  bool broken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
+  }
+  // Files `c` to receive the answer to the request with the id returned.
+  uint32_t start(Call* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++next_id_ == 0) ++next_id_;
+    calls_[next_id_] = c;
+    return next_id_;
+  }
+  void forget(uint32_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.erase(id);
+  }
+  // Sends one whole frame; a frame cut short (the deadline, a broken connection) breaks the link.
+  void send(const std::string& frame, Deadline dl, const std::string& what) {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    try {
+      tcp::send_all(s_, frame.data(), frame.size(), dl, what);
+    } catch (const Error& e) {
+      const std::string m = e.what(),
+                        why = m.compare(0, what.size() + 2, what + ": ") == 0 ? m.substr(what.size() + 2) : m;
+      break_link(why);
+      throw;
+    }
+    ++g_requests_sent;
+  }
+  End wait(Call* c, uint32_t id, Deadline dl, const std::atomic<bool>* stop, const std::string& what);
+  // Makes the waits under way look at their `stop`.
+  void wake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+    const uint64_t one = 1;
+    if (::write(wake_, &one, sizeof one) < 0) {
+    }
+  }
+  void break_link(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) why_ = why;
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void read_for(Deadline dl);
+  void dispatch();
+
+  tcp::Socket s_;
+  int wake_;
+  std::mutex send_mu_;  // one frame at a time
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint32_t, Call*> calls_;
+  uint32_t next_id_ = 0;
+  bool reading_ = false;  // a caller reads the socket for everyone
+  bool broken_ = false;
+  std::string why_;   // why it broke: "the peer closed the connection (...)"
+  std::string rbuf_;  // input not handed out yet (the reader's alone)
+};
+
+// A request sent at its deadline still has a millisecond for its answer, as a read has.
+Link::End Link::wait(Call* c, uint32_t id, Deadline dl, const std::atomic<bool>* stop, const std::string& what) {
+  dl = Deadline::later(dl, Deadline::after_ms(1));
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (c->done) return End::Answered;
+    End end = End::Answered;
+    if (broken_) {
+      calls_.erase(id);
+      fail(DDP_ERR_TIMEOUT, "%s: %s", what.c_str(), why_.c_str());
+    }
+    if (stop && stop->load()) end = End::Stopped;
+    if (dl.passed()) end = End::Deadline;
+    if (end != End::Answered) {
+      calls_.erase(id);
+      return end;
+    }
+    if (!reading_) {
+      reading_ = true;
+      lock.unlock();
+      read_for(dl);
+      lock.lock();
+      reading_ = false;
+      cv_.notify_all();  // the next waiter reads, if this one is done
+    } else if (dl.infinite()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, dl.at());
+    }
+  }
+}
+
+// One turn of reading: until input came, the link was woken, or the deadline.
+void Link::read_for(Deadline dl) {
+  pollfd p[2] = {{s_.fd(), POLLIN, 0}, {wake_, POLLIN, 0}};
+  const int ms = dl.infinite() ? -1 : static_cast<int>(tcp::ms_left(dl, INT_MAX));
+  if (::poll(p, 2, ms) <= 0) return;
+  if (p[1].revents) {
+    uint64_t v = 0;
+    if (::read(wake_, &v, sizeof v) < 0) {
+    }
+  }
+  if (!p[0].revents) return;
+  std::string why;
+  char buf[65536];
+  for (;;) {
+    const ssize_t k = ::recv(s_.fd(), buf, sizeof buf, MSG_DONTWAIT);
+    if (k > 0) {
+      rbuf_.append(buf, static_cast<size_t>(k));
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) why = "the peer closed the connection (its process exited or was killed)";
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      why = std::string("the connection broke: ") + std::strerror(errno);
+    break;
+  }
+  dispatch();
+  if (!why.empty()) break_link(why);
+}
+
+// Hands every whole answer in the input to its caller (an answer nobody waits for any more is dropped).
+void Link::dispatch() {
+  size_t at = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (rbuf_.size() - at >= 4) {
+    uint32_t len = 0;
+    std::memcpy(&len, rbuf_.data() + at, 4);
+    if (len < 4 || len > w::kMaxFrame) {
+      broken_ = true;
+      if (why_.empty()) why_ = "a malformed answer";
+      break;
+    }
+    if (rbuf_.size() - at - 4 < len) break;
+    uint32_t id = 0;
+    std::memcpy(&id, rbuf_.data() + at + 4, 4);
+    auto it = calls_.find(id);
+    if (it != calls_.end()) {
+      it->second->answer.assign(rbuf_, at + 8, len - 4);
+      it->second->done = true;
+      calls_.erase(it);
+    }
+    at += 4 + size_t(len);
+  }
+  rbuf_.erase(0, at);
+  cv_.notify_all();
+}
+
 class TcpStore final : public Store {
  public:
-  TcpStore(std::unique_ptr<TcpStoreServer> server, tcp::Socket s, std::string host, int port)
+  TcpStore(std::unique_ptr<StoreServer> server, tcp::Socket s, std::string host, int port)
       : server_(std::move(server)),
-        s_(std::move(s)),
+        link_(std::make_shared<Link>(std::move(s))),
         host_(std::move(host)),
         port_(port),
         where_(host_ + ":" + std::to_string(port)) {}
   ~TcpStore() override {
-    s_.close();
+    link_.reset();
     server_.reset();
   }
   void set(const std::string& key, const std::vector<char>& value, Deadline dl) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    usable(dl);
-    guarded([&] {
-      send_head(kSet, key, dl);
-      send_value(key, value, dl);
-      char ack = 0;
-      tcp::recv_all(s_, &ack, 1, dl, what(key));
-    });
+    ask(w::kSet, key, dl, [&](w::Writer& f) { f.str(key).blob(value); });
   }
   bool claim(const std::string& key, const std::vector<char>& value, std::vector<char>* held, Deadline dl) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    usable(dl);
-    char won = 0;
-    guarded([&] {
-      send_head(kClaim, key, dl);
-      send_value(key, value, dl);
-      tcp::recv_all(s_, &won, 1, dl, what(key));
-      if (!won) *held = recv_value(key, dl);
-    });
-    return won == 1;
+    const std::string a = ask(w::kClaim, key, dl, [&](w::Writer& f) { f.str(key).blob(value); });
+    w::Reader r(a.data(), a.size());
+    if (r.u8() == 1) return true;
+    *held = r.blob();
+    return false;
   }
   bool try_get(const std::string& key, std::vector<char>* out, Deadline dl) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    usable(dl);
-    char found = 0;
-    guarded([&] {
-      send_head(kTry, key, dl);
-      tcp::recv_all(s_, &found, 1, dl, what(key));
-      if (found) *out = recv_value(key, dl);
-    });
-    return found == 1;
+    const std::string a = ask(w::kTry, key, dl, [&](w::Writer& f) { f.str(key); });
+    w::Reader r(a.data(), a.size());
+    if (r.u8() != 1) return false;
+    *out = r.blob();
+    return true;
   }
   std::vector<char> get(const std::string& key, Deadline dl, const std::string& who) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    usable(dl);
-    std::vector<char> v;
-    guarded([&] {
-      send_head(kGet, key, dl);
-      uint64_t n = 0;
-      try {
-        tcp::recv_all(s_, &n, sizeof n, dl, what(key));
-      } catch (const Error& e) {
-        if (!dl.passed()) throw;
-        fail(DDP_ERR_TIMEOUT, "the rendezvous at %s did not complete before the timeout: %s never arrived (key '%s')",
-             where_.c_str(), who.c_str(), key.c_str());
-      }
-      v.resize(static_cast<size_t>(n));
-      tcp::recv_all(s_, v.data(), v.size(), dl, what(key));
-    });
-    return v;
+    return std::move(get_keys({key}, true, dl, [&who](const std::string&) { return who; })[0]);
+  }
+  std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys, Deadline dl, const Who& who) override {
+    return get_keys(keys, true, dl, who);
+  }
+  void wait(const std::vector<std::string>& keys, Deadline dl, const Who& who) override {
+    get_keys(keys, false, dl, who);
+  }
+  bool watch(const std::vector<std::string>& keys, std::vector<Seen>* seen, Deadline dl, const std::atomic<bool>* stop,
+             int look_ms) override;
+  void interrupt() override {
+    std::shared_ptr<Link> l;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      l = link_;
+    }
+    l->wake();
   }
 
  private:
   std::string what(const std::string& key) const {
     return "the rendezvous store at " + where_ + " (key '" + key + "')";
   }
-  // A request cut short left the connection out of step: a new one replaces it (the server ends the
-  // old one's thread), or the store is out of reach. A store that answered before is there at once
-  // or gone (its process died): a second is enough to tell, so that nothing that touches a dead
-  // store (a join watch, ddp_destroy waiting for it, ddp_recover) waits the longer bounds.
-  void usable(Deadline dl) {
-    if (!broken_) return;
-    try {
-      s_ = tcp::connect_to(host_, port_, Deadline::earlier(dl, Deadline::after_ms(1000)),
-                           "the rendezvous store at " + where_ + " (connecting again)");
-      broken_ = false;
-    } catch (const Error& e) {
-      fail(DDP_ERR_ABORTED, "the rendezvous store at %s failed earlier, and cannot be reached again: %s",
-           where_.c_str(), e.what());
-    }
-  }
-  // A request cut short leaves the connection out of step: it is not used again.
+  std::shared_ptr<Link> link(Deadline dl);
+  // Sends one request, its fields written by `fields`, and returns its answer. A request the server
+  // answers at once that has no answer by `dl` breaks the link (the server is gone or stuck).
   template <class F>
-  void guarded(F&& f) {
+  std::string ask(uint8_t op, const std::string& key, Deadline dl, F&& fields) {
+    Link::Call c;
+    std::shared_ptr<Link> l;
+    uint32_t id = 0;
+    const Link::End end = call(op, key, dl, nullptr, &c, &l, &id, fields);
+    if (end != Link::End::Answered) {
+      l->break_link("no answer before the timeout");
+      fail(DDP_ERR_TIMEOUT, "%s: no answer before the timeout", what(key).c_str());
+    }
+    return std::move(c.answer);
+  }
+  // Sends one request and waits for its answer in *c (`used`: the link it went over; *id_out: its id).
+  template <class F>
+  Link::End call(uint8_t op, const std::string& key, Deadline dl, const std::atomic<bool>* stop, Link::Call* c,
+                 std::shared_ptr<Link>* used, uint32_t* id_out, F&& fields) {
+    std::shared_ptr<Link> l = link(dl);
+    *used = l;
+    const uint32_t id = *id_out = l->start(c);
+    w::Writer f;
+    f.u8(op).u32(id);
+    fields(f);
     try {
-      f();
+      l->send(f.frame(), dl, what(key));
     } catch (...) {
-      broken_ = true;
+      l->forget(id);
       throw;
     }
+    return l->wait(c, id, dl, stop, what(key));
   }
-  void send_value(const std::string& key, const std::vector<char>& value, Deadline dl) {
-    const uint64_t n = value.size();
-    tcp::send_all(s_, &n, sizeof n, dl, what(key));
-    tcp::send_all(s_, value.data(), value.size(), dl, what(key));
+  // Tells the server to drop a waiting request nobody waits for any more (best effort).
+  void cancel(Link& l, uint32_t id) {
+    try {
+      w::Writer f;
+      f.u8(w::kCancel).u32(0).u32(id);
+      l.send(f.frame(), Deadline::after_ms(1000), "the rendezvous store at " + where_ + " (cancel)");
+    } catch (const Error&) {
+    }
   }
-  std::vector<char> recv_value(const std::string& key, Deadline dl) {
-    uint64_t n = 0;
-    tcp::recv_all(s_, &n, sizeof n, dl, what(key));
-    std::vector<char> v(static_cast<size_t>(n));
-    tcp::recv_all(s_, v.data(), v.size(), dl, what(key));
-    return v;
-  }
-  void send_head(char op, const std::string& key, Deadline dl) {
-    ++g_requests_sent;
-    const uint32_t n = static_cast<uint32_t>(key.size());
-    tcp::send_all(s_, &op, 1, dl, what(key));
-    tcp::send_all(s_, &n, sizeof n, dl, what(key));
-    tcp::send_all(s_, key.data(), key.size(), dl, what(key));
-  }
+  std::vector<std::vector<char>> get_keys(const std::vector<std::string>& keys, bool values, Deadline dl,
+                                          const Who& who);
 
-  std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
-  tcp::Socket s_;
+  std::unique_ptr<StoreServer> server_;  // the process that serves the store only
+  std::mutex mu_;                        // guards link_
+  std::shared_ptr<Link> link_;
   std::string host_;
   int port_;
   std::string where_;
-  std::mutex mu_;
-  bool broken_ = false;
 };
+
+// A link that broke is replaced, or the store is out of reach. A store that answered before is there
+// at once or gone (its process died): a second is enough to tell, so that nothing that touches a dead
+// store (a join watch, ddp_destroy waiting for it, ddp_recover) waits the longer bounds.
+std::shared_ptr<Link> TcpStore::link(Deadline dl) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!link_->broken()) return link_;
+  try {
+    link_ = std::make_shared<Link>(tcp::connect_to(host_, port_, Deadline::earlier(dl, Deadline::after_ms(1000)),
+                                                   "the rendezvous store at " + where_ + " (connecting again)"));
+  } catch (const Error& e) {
+    fail(DDP_ERR_ABORTED, "the rendezvous store at %s failed earlier, and cannot be reached again: %s", where_.c_str(),
+         e.what());
+  }
+  return link_;
+}
+
+// The wait's bound rides with the request: at the deadline the server answers with the key still
+// missing, which the client waits for a little past its own deadline.
+std::vector<std::vector<char>> TcpStore::get_keys(const std::vector<std::string>& keys, bool values, Deadline dl,
+                                                  const Who& who) {
+  std::vector<std::vector<char>> out(keys.size());
+  if (keys.empty()) return out;
+  const uint32_t wait_ms = dl.infinite() ? w::kForever : static_cast<uint32_t>(tcp::ms_left(dl, w::kForever - 1));
+  const Deadline until = dl.infinite() ? dl : Deadline::after_ms(int64_t(wait_ms) + kLateAnswerMs);
+  Link::Call c;
+  std::shared_ptr<Link> l;
+  uint32_t id = 0;
+  const Link::End end = call(w::kGet, keys[0], until, nullptr, &c, &l, &id, [&](w::Writer& f) {
+    f.u32(wait_ms).u8(values ? 1 : 0).u32(static_cast<uint32_t>(keys.size()));
+    for (const std::string& k : keys) f.str(k);
+  });
+  size_t missing = 0;
+  w::Reader r(c.answer.data(), c.answer.size());
+  if (end == Link::End::Answered && r.u8() == 1) {
+    for (size_t i = 0; values && i < keys.size(); ++i) out[i] = r.blob();
+    if (r.ok()) return out;
+    l->break_link("a malformed answer");
+    fail(DDP_ERR_TIMEOUT, "%s: a malformed answer", what(keys[0]).c_str());
+  }
+  if (end == Link::End::Answered) missing = std::min<size_t>(r.u32(), keys.size() - 1);
+  const std::string& key = keys[missing];
+  fail(DDP_ERR_TIMEOUT, "the rendezvous at %s did not complete before the timeout: %s never arrived (key '%s')",
+       where_.c_str(), who(key).c_str(), key.c_str());
+}
+
+bool TcpStore::watch(const std::vector<std::string>& keys, std::vector<Seen>* seen, Deadline dl,
+                     const std::atomic<bool>* stop, int) {
+  if (keys.empty()) return false;
+  const uint32_t wait_ms = dl.infinite() ? w::kForever : static_cast<uint32_t>(tcp::ms_left(dl, w::kForever - 1));
+  Link::Call c;
+  std::shared_ptr<Link> l;
+  uint32_t id = 0;
+  const Link::End end = call(w::kWatch, keys[0], dl, stop, &c, &l, &id, [&](w::Writer& f) {
+    f.u32(wait_ms).u32(static_cast<uint32_t>(keys.size()));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      f.str(keys[i]).u8((*seen)[i].set ? 1 : 0);
+      if ((*seen)[i].set) f.blob((*seen)[i].value);
+    }
+  });
+  if (end == Link::End::Stopped) cancel(*l, id);  // (at the deadline the server ends it itself)
+  w::Reader r(c.answer.data(), c.answer.size());
+  if (end != Link::End::Answered || r.u8() != 1) return false;
+  std::vector<Seen> now(keys.size());
+  for (Seen& s : now) {
+    s.set = r.u8() == 1;
+    if (s.set) s.value = r.blob();
+  }
+  if (!r.ok()) fail(DDP_ERR_TIMEOUT, "%s: a malformed answer", what(keys[0]).c_str());
+  *seen = std::move(now);
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<Store> open_tcp_store(const std::string& host, int port, bool serve, const std::string& who,
                                       Deadline dl, std::string* local) {
-  std::unique_ptr<TcpStoreServer> server;
-  if (serve) server.reset(new TcpStoreServer(port));
+  std::unique_ptr<StoreServer> server;
+  if (serve) server.reset(new StoreServer(port));
   const std::string where = host + ":" + std::to_string(port);
   tcp::Socket s = tcp::connect_to(host, port, dl, who + ": the rendezvous store at " + where);
   *local = tcp::local_address(s);
   return std::make_shared<TcpStore>(std::move(server), std::move(s), host, port);
 }
 
-struct StoreServer::Impl {
-  explicit Impl(int port) : server(port) {}
-  TcpStoreServer server;
-};
-StoreServer::StoreServer(int port) : impl_(new Impl(port)) {}
-StoreServer::~StoreServer() = default;
-int StoreServer::port() const { return impl_->server.port(); }
-StoreCounters StoreServer::counters() const { return impl_->server.counters(); }
-
 uint64_t tcp_store_requests_sent() { return g_requests_sent.load(); }
-
-std::string describe(const StoreCounters& c) {
-  return format("%llu requests, %llu bytes in, %llu bytes out, %llu connections (peak %llu open), %llu wake-ups",
-                (unsigned long long)c.requests, (unsigned long long)c.bytes_in, (unsigned long long)c.bytes_out,
-                (unsigned long long)c.connections, (unsigned long long)c.peak_connections,
-                (unsigned long long)c.wakeups);
-}
 
 }  // namespace ddp
