@@ -257,6 +257,11 @@ class JoinDesk {
   virtual void answer(int64_t slot, const std::string& text) = 0;
   // The joiner's heartbeat while it waits (a counter it bumps every 100 ms), if it has one.
   virtual bool beat(int64_t slot, std::string* value) = 0;
+  // Blocks until a request is filed in `slot`, `dl` passes or stop_waiting() is called, and returns
+  // true; false at once from a desk that cannot block (its watch then looks every 100 ms).
+  virtual bool wait_request(int64_t slot, Deadline dl) { return false; }
+  // Ends the wait_request under way, and every later one, at once (the watch stops). Any thread.
+  virtual void stop_waiting() {}
 };
 
 class Comm;

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include "core/knobs.hpp"
 #include "core/log.hpp"
@@ -115,7 +114,7 @@ Rendezvous open_store(const char* init_method, int rank, int size, Deadline dl, 
 
 // --- The arrival (join_rendezvous) ---
 // rank 0 claims kJobKey with its arrival (the job's id and WORLD_SIZE); every other rank reads it,
-// checks its own against it and claims its rank's key; rank 0 polls those keys, and the refusals and
+// checks its own against it and claims its rank's key; rank 0 watches those keys, and the refusals and
 // strays, until every rank arrived, then sets the verdict every rank waits for: 'K' (go on), or 'M'
 // (refused) or 'T' (timed out) and the message.
 constexpr const char* kJobKey = "ddp/job";
@@ -257,13 +256,28 @@ struct Waiting {
   }
 };
 
-void poll_arrivals(Store& st, const Rendezvous& rv, Waiting& w, Deadline dl) {
-  std::vector<char> v;
+// Waits until one of the keys rank 0 follows changes (a rank's arrival, a stray, a refusal) or until
+// the next progress line is due, and takes in what came; a refusal's text in *refused. The store answers
+// when a key is set (a file store is looked at every 10 ms).
+void await_arrivals(Store& st, const Rendezvous& rv, Waiting& w, Deadline dl, std::string* refused) {
+  std::vector<std::string> keys{kRefusedKey};
+  std::vector<int> ranks{-1};  // of each key: a rank's arrival, -1 the refusal, -2 the next stray
   for (int r = 1; r < rv.size; ++r)
-    if (!w.arrived[r] && st.try_get(arrive_key(r), &v, dl)) w.arrived[r] = true, ++w.count;
-  while (w.strays < kStraySlots && st.try_get(stray_key(w.strays), &v, dl)) {
-    ++w.strays;
-    log(DDP_LOG_WARN, "a rank of another job was turned away: %s", std::string(v.begin(), v.end()).c_str());
+    if (!w.arrived[static_cast<size_t>(r)]) keys.push_back(arrive_key(r)), ranks.push_back(r);
+  if (w.strays < kStraySlots) keys.push_back(stray_key(w.strays)), ranks.push_back(-2);
+  const int64_t every = knobs::init_progress_ms();
+  const Deadline until =
+      every > 0
+          ? Deadline::earlier(dl, Deadline::after_ms(std::max<int64_t>(1, w.next_progress_ms + every - w.waited_ms())))
+          : dl;
+  std::vector<Store::Seen> seen(keys.size());
+  if (!st.watch(keys, &seen, until)) return;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!seen[i].set) continue;
+    const std::string v(seen[i].value.begin(), seen[i].value.end());
+    if (ranks[i] == -1) *refused = v;
+    if (ranks[i] == -2) ++w.strays, log(DDP_LOG_WARN, "a rank of another job was turned away: %s", v.c_str());
+    if (ranks[i] >= 0) w.arrived[static_cast<size_t>(ranks[i])] = true, ++w.count;
   }
 }
 
@@ -303,11 +317,9 @@ void join_as_owner(const Rendezvous& rv, const Arrival& mine, Deadline dl) {
   w.arrived.assign(static_cast<size_t>(rv.size), false);
   w.arrived[0] = true;
   for (;;) {
-    poll_arrivals(st, rv, w, dl);
-    std::vector<char> refused;
-    if (st.try_get(kRefusedKey, &refused, dl))
-      give_verdict(st, 'M', std::string(refused.begin(), refused.end()) + " (the rendezvous is refused on every rank)",
-                   dl);
+    std::string refused;
+    await_arrivals(st, rv, w, dl, &refused);
+    if (!refused.empty()) give_verdict(st, 'M', refused + " (the rendezvous is refused on every rank)", dl);
     if (w.count == rv.size) break;
     if (dl.passed())
       give_verdict(st, 'T',
@@ -316,7 +328,6 @@ void join_as_owner(const Rendezvous& rv, const Arrival& mine, Deadline dl) {
                           rv.describe.c_str(), rank_list(w.missing()).c_str(), w.count, rv.size),
                    dl);
     report_progress(rv, w, dl);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   st.set(kVerdictKey, bytes("K"), dl);
 }
