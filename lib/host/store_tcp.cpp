@@ -84,10 +84,13 @@ class Link {
     if (::write(wake_, &one, sizeof one) < 0) {
     }
   }
+  // Fails every call under way with `why`; the server, seeing the connection end, drops its waits.
   void break_link(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_) why_ = why;
+    if (broken_) return;
+    why_ = why;
     broken_ = true;
+    ::shutdown(s_.fd(), SHUT_RDWR);  // also ends the reader's poll
     cv_.notify_all();
   }
 
@@ -177,8 +180,7 @@ void Link::dispatch() {
     uint32_t len = 0;
     std::memcpy(&len, rbuf_.data() + at, 4);
     if (len < 4 || len > w::kMaxFrame) {
-      broken_ = true;
-      if (why_.empty()) why_ = "a malformed answer";
+      if (!broken_) why_ = "a malformed answer", broken_ = true, ::shutdown(s_.fd(), SHUT_RDWR);
       break;
     }
     if (rbuf_.size() - at - 4 < len) break;
