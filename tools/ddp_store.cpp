@@ -4,20 +4,25 @@
 // instead of serving one. tools/ddp_launch --elastic starts it on the job's store port.
 //
 //   ddp_store PORT       serves on PORT (0: any free port) until SIGTERM or SIGINT; prints
-//                        "ddp_store: listening on port P" once it listens.
+//                        "ddp_store: listening on port P" once it listens. What it served so far
+//                        ("ddp_store: 12 requests, 340 bytes in, ...": requests, bytes each way,
+//                        connections and their peak, wake-ups of waiting requests) goes to stderr on
+//                        SIGUSR1 and at exit.
 #include <signal.h>
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/knobs.hpp"
-#include "host/store.hpp"
+#include "host/store_tcp.hpp"
 
 namespace {
-std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop = true; }
+
+void print_counters(const ddp::StoreServer& server, const char* when) {
+  std::fprintf(stderr, "ddp_store: %s (%s)\n", ddp::describe(server.counters()).c_str(), when);
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -26,20 +31,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: ddp_store PORT   (0..65535; 0: any free port)\n");
     return 2;
   }
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  // The signals are taken by sigwait alone (blocked before the server's thread starts, which inherits
+  // the mask): the main thread sleeps until one comes.
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a rank that dies mid-answer must not end the store
   try {
-    ddp::serve_store(
-        static_cast<int>(port),
-        [](int p) {
-          std::printf("ddp_store: listening on port %d\n", p);
-          std::fflush(stdout);
-        },
-        [] { return g_stop.load(); });
+    ddp::StoreServer server(static_cast<int>(port));
+    std::printf("ddp_store: listening on port %d\n", server.port());
+    std::fflush(stdout);
+    for (;;) {
+      int s = 0;
+      if (sigwait(&signals, &s) != 0) continue;
+      if (s != SIGUSR1) break;
+      print_counters(server, "SIGUSR1");
+    }
+    print_counters(server, "at exit");
   } catch (const ddp::Error& e) {
     std::fprintf(stderr, "ddp_store: %s\n", e.what());
     return 1;

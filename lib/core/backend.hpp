@@ -268,6 +268,11 @@ class JoinDesk {
   // ended, so that a joiner still waiting is told at once instead of waiting out its bound. Within
   // `dl`; throws if the store fails.
   virtual void leave(int rank, int world, Deadline dl) = 0;
+  // Blocks until a request is filed in `slot`, `dl` passes or stop_waiting() is called, and returns
+  // true; false at once from a desk that cannot block (its watch then looks every 100 ms).
+  virtual bool wait_request(int64_t slot, Deadline dl) { return false; }
+  // Ends the wait_request under way, and every later one, at once (the watch stops). Any thread.
+  virtual void stop_waiting() {}
 };
 
 class Comm;

@@ -58,6 +58,7 @@ JoinWatch::~JoinWatch() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  desk_->stop_waiting();
   cv_.notify_all();
   thread_.join();
 }
@@ -66,6 +67,11 @@ bool JoinWatch::alive(int64_t slot) {
   std::lock_guard<std::mutex> lock(beats_mu_);
   auto it = beats_.find(slot);
   return it == beats_.end() || now_ns() - it->second.changed_ns < kDeadMs * 1000000ull;
+}
+
+bool JoinWatch::idle() {
+  std::lock_guard<std::mutex> lock(beats_mu_);
+  return beats_.empty();
 }
 
 void JoinWatch::read_beats() {
@@ -83,10 +89,13 @@ void JoinWatch::read_beats() {
   }
 }
 
+// While no joiner is being followed, the watch blocks on the next slot (the store answers when a
+// request is filed there) instead of looking every 100 ms.
 void JoinWatch::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
+    bool waited = false;
     try {
       std::string text;
       while (desk_->request(next_, &text)) {
@@ -103,10 +112,11 @@ void JoinWatch::run() {
         ++next_;
       }
       read_beats();
+      if (idle()) waited = desk_->wait_request(next_, Deadline::after_ms(kIdleWaitMs));
     } catch (const Error&) {  // the store is out of reach now: try again at the next look
     }
     lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
+    if (!waited) cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
   }
 }
 

@@ -25,9 +25,10 @@ std::string join_request(const JoinTerms& mine);
 // that the joiner shows as the job's refusal. *expired: the joiner has stopped waiting (not refused).
 std::string refuse_join(const std::string& request, const JoinTerms& job, bool* expired);
 
-// The watch: a thread that reads the job's requests from slot `from` on every 100 ms, refuses those
-// the job cannot take (answered at once, so the joiner need not wait for its timeout), and counts the
-// others.
+// The watch: a thread that reads the job's requests from slot `from` on, refuses those the job cannot
+// take (answered at once, so the joiner need not wait for its timeout), and counts the others. It
+// blocks on the next slot while no joiner is waiting (a desk that cannot block: it looks every 100 ms),
+// and follows the waiting joiners' heartbeats every 100 ms.
 class JoinWatch {
  public:
   JoinWatch(std::shared_ptr<JoinDesk> desk, int64_t from, const JoinTerms& job);
@@ -41,7 +42,9 @@ class JoinWatch {
 
  private:
   void run();
+  bool idle();  // no joiner to follow
   void read_beats();
+  static constexpr int64_t kIdleWaitMs = 60000;  // one request a minute while idle
   struct Beat {
     std::string value;
     uint64_t changed_ns;

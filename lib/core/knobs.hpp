@@ -4,7 +4,7 @@
 // reports itself, because using a default would hide a mistake that decides where ranks meet or how
 // long they wait: DDP_STORE_PORT and DDP_INIT_TIMEOUT_MS answer DDP_ERR_INVALID_ARGUMENT.
 // (torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are the env:// rendezvous's arguments,
-// read and checked by it: lib/host/store.cpp. The init method auto reads the launchers' variables, and
+// read and checked by it: lib/host/rendezvous.cpp. The init method auto reads the launchers' variables, and
 // DDP_STORE_PORT by the same rule as store_port, from a map of the environment: lib/host/launcher_env.cpp.)
 #pragma once
 

@@ -1,9 +1,7 @@
 #include "host/membership.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <thread>
 
 namespace ddp {
 
@@ -11,32 +9,42 @@ namespace {
 
 std::vector<char> bytes(const std::string& t) { return std::vector<char>(t.begin(), t.end()); }
 
+// Takes in the check-ins still missing from `in` that are there by `until`: one request, which the
+// store answers as soon as one of them comes.
+void take_check_ins(Store& store, const std::string& base, std::vector<int64_t>& in, Deadline until) {
+  std::vector<std::string> keys;
+  std::vector<size_t> ranks;
+  for (size_t r = 0; r < in.size(); ++r)
+    if (in[r] < 0) keys.push_back(base + "/in/" + std::to_string(r)), ranks.push_back(r);
+  std::vector<Store::Seen> seen(keys.size());
+  if (keys.empty() || !store.watch(keys, &seen, until)) return;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (seen[i].set) in[ranks[i]] = std::atoll(std::string(seen[i].value.begin(), seen[i].value.end()).c_str());
+}
+
 // The check-ins: in[r] is the iterations rank r committed, -1 while it has not checked in. Returns
-// when every rank checked in or was taken for lost (silent_asks), or at `window`.
+// when every rank checked in or was taken for lost (silent_asks), or at `window`; meanwhile the ranks
+// are asked every 100 ms whether they answer, and the store is waited on between the asks.
 std::vector<int64_t> wait_check_ins(Store& store, const std::string& base, int rank, int n,
                                     const std::function<std::vector<Liveness>()>& answering, Deadline window,
                                     Deadline dl) {
   std::vector<int64_t> in(static_cast<size_t>(n), -1);
   std::vector<int> silent(static_cast<size_t>(n), 0);  // asks in a row without an answer
   uint64_t next_ask = 0;
-  for (;;) {
+  for (Deadline until = Deadline::after_ms(1);;) {  // the first look does not wait
+    take_check_ins(store, base, in, until);
     int waiting = 0;
-    for (size_t r = 0; r < in.size(); ++r) {
-      std::vector<char> v;
-      if (in[r] < 0 && store.try_get(base + "/in/" + std::to_string(r), &v, dl))
-        in[r] = std::atoll(std::string(v.begin(), v.end()).c_str());
+    for (size_t r = 0; r < in.size(); ++r)
       if (in[r] < 0 && silent[r] < kLostAfterAsks) ++waiting;
-    }
     if (waiting == 0 || window.passed()) return in;
     if (dl.passed()) fail(DDP_ERR_TIMEOUT, "rank %d: the ranks did not agree on a membership in time", rank);
-    const uint64_t now = now_ns();
-    if (now >= next_ask) {
+    if (now_ns() >= next_ask) {
       const std::vector<Liveness> alive = answering();
       for (size_t r = 0; r < silent.size(); ++r) silent[r] = silent_asks(silent[r], alive[r]);
       next_ask = now_ns() + 100 * 1000000ull;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    const int64_t to_ask = static_cast<int64_t>((next_ask - std::min(next_ask, now_ns())) / 1000000) + 1;
+    until = Deadline::earlier(Deadline::earlier(dl, window), Deadline::after_ms(to_ask));
   }
 }
 

@@ -1,10 +1,9 @@
-// The rendezvous: how ranks that share no MPI find each other. A key-value store that every rank
-// reaches (a TCP server on rank 0, or a directory on a shared file system), and the parsing of the
-// init methods that name one: "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as torchrun
-// sets them), "tcp://HOST:PORT" and "file:///PATH". Communicators made this way (Gloo, NCCL ids)
-// exchange their addresses through it.
+// The key-value store through which ranks that share no MPI find each other: a TCP server that every
+// rank reaches (host/store_tcp.hpp), or a directory on a shared file system (host/store_file.cpp).
+// The init methods that name one, and the ranks' arrival through it: host/rendezvous.hpp.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,6 +15,14 @@ namespace ddp {
 
 class Store {
  public:
+  // Who sets a key, for the message of a wait that timed out ("rank 3").
+  using Who = std::function<std::string(const std::string& key)>;
+  // What a caller last saw of a key: not set, or set to `value`.
+  struct Seen {
+    bool set = false;
+    std::vector<char> value;
+  };
+
   virtual ~Store() = default;
   virtual void set(const std::string& key, const std::vector<char>& value, Deadline dl) = 0;
   // Waits until `key` is set, then returns its value. Throws DDP_ERR_TIMEOUT at the deadline,
@@ -28,47 +35,30 @@ class Store {
   virtual bool try_get(const std::string& key, std::vector<char>* out, Deadline dl) = 0;
   // Forgets a key (a file store's files would otherwise outlive the job).
   virtual void erase(const std::string& key) {}
+
+  // Waits until every key is set and returns their values, in order; DDP_ERR_TIMEOUT at the deadline
+  // names a key still missing and who(key). The TCP store asks once for all of them; the others get
+  // them one by one.
+  virtual std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys, Deadline dl, const Who& who);
+  std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys, Deadline dl, const std::string& who);
+  // get_many without the values: for a caller that only needs to know that they are there.
+  virtual void wait(const std::vector<std::string>& keys, Deadline dl, const Who& who);
+
+  // Waits until one of `keys` differs from what the caller saw of it ((*seen)[i]: set or not, and the
+  // value), then puts what every key holds now in *seen and returns true. False, *seen untouched, at
+  // `dl` or once `*stop` (may be NULL) is true: interrupt() makes a wait look at its `stop` at once.
+  // The TCP store's server answers when a key changes (nothing is sent meanwhile); the other stores
+  // look again every `look_ms`.
+  virtual bool watch(const std::vector<std::string>& keys, std::vector<Seen>* seen, Deadline dl,
+                     const std::atomic<bool>* stop = nullptr, int look_ms = 10);
+  // watch of one key.
+  bool wait_change(const std::string& key, Seen* seen, Deadline dl, const std::atomic<bool>* stop = nullptr,
+                   int look_ms = 10);
+  // Wakes the watches under way on this store, from any thread, so that each looks at its `stop`.
+  virtual void interrupt() {}
 };
 
-struct Rendezvous {
-  std::shared_ptr<Store> store;
-  int rank = 0, size = 1;
-  // The address of this rank as the others reach it ("": let the transport pick the host's name).
-  std::string host;
-  // What was used, for messages: "env:// (127.0.0.1:29501)".
-  std::string describe;
-};
-
-// Opens the store named by `init_method` (NULL or "" means "env://"). `rank` and `size` < 0 are read
-// from RANK and WORLD_SIZE. Rank 0 of a TCP store listens; the others connect, trying until `dl`.
-// Throws DDP_ERR_INVALID_ARGUMENT for a malformed method, a port outside 1..65535 or a missing
-// variable, saying how to fix it. Then every rank arrives (join_rendezvous) as `job` (default:
-// knobs::job_id(), the launcher's DDP_JOB_ID or torchrun's TORCHELASTIC_RUN_ID).
-Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl);
-Rendezvous open_rendezvous(const char* init_method, int rank, int size, Deadline dl, const std::string& job);
-
-// The store alone, for a process that joins a running elastic job: no arrival (the job's world met
-// long ago), and a TCP store is never served here (it lives in rank 0's process or in tools/ddp_store).
-Rendezvous open_joining_store(const char* init_method, Deadline dl);
-
-// The arrival: rank 0 publishes its job id and WORLD_SIZE, every other rank checks its own against
-// them and claims its rank number; rank 0 waits until every rank of the world has arrived (a progress
-// line through the log every DDP_INIT_PROGRESS_MS meanwhile) and tells them all to go on. Refused with
-// DDP_ERR_MISMATCH, naming the ranks, hosts and processes: a rank of another job (that rank only; rank 0
-// warns), a WORLD_SIZE that differs from rank 0's, a rank beyond the world, a rank number claimed
-// twice (those and every rank of the job). DDP_ERR_TIMEOUT at `dl`, naming the ranks that never came.
-void join_rendezvous(const Rendezvous& rv, const std::string& job, Deadline dl);
-// Once every rank has passed its arrival (after a barrier over the communicator made): rank 0 erases
-// the arrival's keys. Once per rendezvous.
-void settle_rendezvous(const Rendezvous& rv);
-
-// The TCP store's server alone, for a process that hosts a job's store for its whole life
-// (tools/ddp_store; the ranks then set DDP_STORE_EXTERNAL=1): listens on `port` (0: any), calls
-// `listening` with the port bound, and serves until `stop` (polled every 100 ms) returns true.
-void serve_store(int port, const std::function<void(int)>& listening, const std::function<bool()>& stop);
-
-// The port the TCP store of env:// listens on: DDP_STORE_PORT if set, else MASTER_PORT + 1 (MASTER_PORT
-// itself belongs to torchrun's or torch.distributed's own store in the same job).
-int env_store_port(int master_port);
+// The store of a directory that every rank sees ("file:///DIR"): keys are its files.
+std::shared_ptr<Store> open_file_store(const std::string& dir);
 
 }  // namespace ddp

@@ -78,7 +78,7 @@ void close_at_once(Socket& s) {
 
 }  // namespace
 
-Socket listen_on(int port, const std::string& what) {
+Socket listen_on(int port, const std::string& what, int backlog) {
   Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
   bool v6 = s.valid();
   if (!v6) s = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -103,7 +103,7 @@ Socket listen_on(int port, const std::string& what) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     rc = ::bind(s.fd(), a, len);
   }
-  if (rc != 0 || ::listen(s.fd(), 128) != 0)
+  if (rc != 0 || ::listen(s.fd(), backlog) != 0)
     fail(DDP_ERR_INVALID_ARGUMENT, "%s: cannot listen on port %d: %s", what.c_str(), port, std::strerror(errno));
   set_nonblocking(s.fd());
   return s;

@@ -29,9 +29,10 @@ class Socket {
   int fd_ = -1;
 };
 
-// Listens on `port` (0: any free port) of every interface. Throws DDP_ERR_INVALID_ARGUMENT naming
-// the port when it cannot (in use for half a second, not permitted).
-Socket listen_on(int port, const std::string& what);
+// Listens on `port` (0: any free port) of every interface, with room for `backlog` connections not
+// accepted yet. Throws DDP_ERR_INVALID_ARGUMENT naming the port when it cannot (in use for half a
+// second, not permitted).
+Socket listen_on(int port, const std::string& what, int backlog = 128);
 // The port a listening socket is bound to.
 int bound_port(const Socket& s);
 // Accepts one connection if one is waiting within `wait_ms`; an invalid Socket otherwise.

@@ -1,6 +1,6 @@
 // The Gloo communicator inside one process: every bad init method and argument with its status and
 // message, a rendezvous that a rank never joins (bounded, naming the rank), and ranks as threads that
-// meet over tcp:// and file:// and reduce exactly. The rendezvous's arrival (host/store.hpp), ranks as
+// meet over tcp:// and file:// and reduce exactly. The rendezvous's arrival (host/rendezvous.hpp), ranks as
 // threads each given its job id: ranks of two jobs at one address, a rank number claimed twice,
 // WORLD_SIZE that differs between ranks, a rank beyond the world, ports out of range, the progress
 // line while a rank is missing; and how Gloo's exceptions are reported. Multi-process runs are in
@@ -24,7 +24,7 @@
 #include "backends/gloo/gloo_errors.hpp"
 #include "core/common.hpp"
 #include "ddp.h"
-#include "host/store.hpp"
+#include "host/rendezvous.hpp"
 #include "../support/ports.hpp"
 
 #ifdef DDP_TEST_HAVE_GLOO

@@ -34,7 +34,7 @@
 #include "host/probe.hpp"
 #include "host/ring.hpp"
 #include "host/sigpipe.hpp"
-#include "host/store.hpp"
+#include "host/rendezvous.hpp"
 #include "host/tcp.hpp"
 
 namespace ddp {
@@ -72,7 +72,9 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   }
   std::vector<char> get(const std::string& key) override { return s_.get(prefix_ + key, dl_, who(key)); }
   void wait(const std::vector<std::string>& keys) override {
-    for (const std::string& k : keys) s_.get(prefix_ + k, dl_, who(k));
+    std::vector<std::string> mine;
+    for (const std::string& k : keys) mine.push_back(prefix_ + k);
+    s_.wait(mine, dl_, [](const std::string& k) { return who(k); });  // one request, no values
   }
   void wait(const std::vector<std::string>& keys, const Ms&) override { wait(keys); }
   void erase_mine() {
@@ -303,6 +305,15 @@ class GlooJoinDesk final : public JoinDesk {
       if (!st.try_get(base + std::to_string(r), &v, dl)) return;
     st.set(ended_key(), {'1'}, dl);
   }
+  bool wait_request(int64_t slot, Deadline dl) override {
+    Store::Seen seen;  // not filed yet
+    world_->rv.store->wait_change(key(slot), &seen, dl, &stop_, 100);
+    return true;
+  }
+  void stop_waiting() override {
+    stop_ = true;
+    world_->rv.store->interrupt();
+  }
   std::string key(int64_t slot) const { return lineage_ + ".join/" + std::to_string(slot); }
   std::string ended_key() const { return lineage_ + ".join/ended"; }
   // Files `request` in the first free slot; returns the slot.
@@ -336,6 +347,7 @@ class GlooJoinDesk final : public JoinDesk {
   static constexpr int64_t kStoreMs = 5000;
   std::shared_ptr<GlooWorld> world_;
   std::string lineage_, membership_;
+  std::atomic<bool> stop_{false};
 };
 
 class GlooComm final : public Comm {
