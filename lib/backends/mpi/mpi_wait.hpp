@@ -1,6 +1,6 @@
-// Waiting for MPI with a deadline: every call that may wait for a peer is issued nonblocking and its
-// request polled until the deadline, since a blocking MPI call cannot be stopped. A request still
-// open at the deadline stays posted (mpi::gave_up).
+// Waiting for MPI with a deadline: off a stream worker, a call that may wait for a peer is issued
+// nonblocking and its request polled until the deadline, since a blocking MPI call cannot be stopped.
+// A request still open at the deadline stays posted (mpi::gave_up).
 #pragma once
 
 #include <mpi.h>
