@@ -164,7 +164,7 @@ STATIC_LIBS_LAST := -lstdc++ -lm -lpthread
 
 # The library: the core, the host backends, MPI (or its stub); mk/cuda.mk adds the CUDA backend (or its stub).
 LIB_CXX_SRCS := $(wildcard lib/core/*.cpp) $(wildcard lib/host/*.cpp) lib/backends/local/local_comm.cpp \
-                $(if $(filter 1,$(HAVE_MPI)),lib/backends/mpi/mpi_comm.cpp,lib/backends/stubs/mpi_stub.cpp)
+                $(if $(filter 1,$(HAVE_MPI)),$(wildcard lib/backends/mpi/*.cpp),lib/backends/stubs/mpi_stub.cpp)
 LIB_EXTRA_OBJS :=
 SUITES :=
 

@@ -30,7 +30,7 @@ PY
 }
 run "M1 drop the bucket stream's wait on the user's stream" lib/backends/cuda/cuda_device.cpp \
   '  DDP_CUDA_CHECK(cudaStreamWaitEvent(c.stream(), c.in_event(), 0));' ''
-run "M2 upload a table on the legacy stream, not after the bucket stream's previous launch" lib/backends/cuda/cuda_device.cpp \
+run "M2 upload a table on the legacy stream, not after the bucket stream's previous launch" lib/backends/cuda/device_tables.cpp \
   'DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), size(), cudaMemcpyHostToDevice, stream));' \
   'DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), size(), cudaMemcpyHostToDevice, nullptr));'
 run "M3 apply the pre-divide twice (fused and in the pack)" lib/core/reducer.cpp \
