@@ -6,7 +6,8 @@
 
 namespace ddp {
 
-std::vector<int> MembershipBook::held_numbers_of(size_t size, int current_world, const std::vector<int>* members) const {
+std::vector<int> MembershipBook::held_numbers_of(size_t size, int current_world,
+                                                 const std::vector<int>* members) const {
   std::vector<int> held(size, -1);
   for (size_t i = 0; i < held.size(); ++i) {
     const int was = members ? (*members)[i] : static_cast<int>(i) < current_world ? static_cast<int>(i) : -1;
@@ -49,8 +50,8 @@ void confirm_members(Comm& made, Deadline dl) {
 // The join slots settled travel with the plan (a loss in the middle of an admission leaves ranks
 // apart), and the agreed joiners still waiting are forgotten: the watches see them again and the
 // next exchange agrees on them anew.
-std::unique_ptr<Plan> agreed_plan(Comm& ctrl, const Plan* mine, const std::vector<GradSpec>& specs,
-                                  const Settings& cfg, int64_t* admitted_upto, Deadline dl) {
+std::unique_ptr<Plan> agreed_plan(Comm& ctrl, const Plan* mine, const std::vector<GradSpec>& specs, const Settings& cfg,
+                                  int64_t* admitted_upto, Deadline dl) {
   std::vector<int64_t> wire(3 + 2 * specs.size(), 0);
   if (ctrl.rank() == 0) {
     wire.back() = *admitted_upto;

@@ -19,10 +19,10 @@ namespace ddp {
 
 // What an elastic rank holds of its membership from one change to the next.
 struct MembershipBook {
-  uint64_t epoch = 0;            // membership changes so far
-  uint64_t attempts = 0;         // tries for the next membership, each agreed under a name of its own
-  int64_t admitted_upto = 0;     // join slots settled (admitted, refused or passed over)
-  int64_t pending_upto = 0;      // agreed: joiners wait up to this slot; the next iteration answers RANK_JOINING
+  uint64_t epoch = 0;         // membership changes so far
+  uint64_t attempts = 0;      // tries for the next membership, each agreed under a name of its own
+  int64_t admitted_upto = 0;  // join slots settled (admitted, refused or passed over)
+  int64_t pending_upto = 0;   // agreed: joiners wait up to this slot; the next iteration answers RANK_JOINING
   // The membership this rank last held (the last that ddp_create or a ddp_recover that succeeded gave
   // it; -1 and 0 on a joiner), which ddp_recover reports against: a failed attempt may have left the
   // context over another. held_numbers: each rank of the current generation's number in it (-1: a
@@ -62,7 +62,7 @@ void confirm_members(Comm& made, Deadline dl);
 // the join slots settled (rank 0's admitted_upto, into *admitted_upto). A failed first iteration may
 // have left some ranks with the learned plan and others without, and a loss in ddp_commit some ranks
 // committed and others not; each would then run different collectives.
-std::unique_ptr<Plan> agreed_plan(Comm& ctrl, const Plan* mine, const std::vector<GradSpec>& specs,
-                                  const Settings& cfg, int64_t* admitted_upto, Deadline dl);
+std::unique_ptr<Plan> agreed_plan(Comm& ctrl, const Plan* mine, const std::vector<GradSpec>& specs, const Settings& cfg,
+                                  int64_t* admitted_upto, Deadline dl);
 
 }  // namespace ddp

@@ -26,8 +26,7 @@ Generation::~Generation() {
   owned_.reset();
 }
 
-void Generation::stand_up(const Settings& cfg, const std::vector<Comm*>& borrowed, Device& device,
-                          const Hooks& hooks) {
+void Generation::stand_up(const Settings& cfg, const std::vector<Comm*>& borrowed, Device& device, const Hooks& hooks) {
   if (!ctrl_) ctrl_ = over_->dup();
   prober_ = over_->make_prober(hooks.position);
   probe_numbers_.clear();

@@ -100,7 +100,7 @@ class Generation {
   void watch_peers();
 
  private:
-  Comm* over_;                  // the membership's communicator (owned_, or the caller's)
+  Comm* over_;  // the membership's communicator (owned_, or the caller's)
   std::unique_ptr<Comm> owned_;
   std::unique_ptr<Comm> ctrl_;   // agreement, plan broadcast, the unused report
   std::unique_ptr<Comm> bcast_;  // ddp_broadcast's own channel
