@@ -36,9 +36,9 @@ done
 # "Layers", says what each layer is.)
 core_layers=(
   "base: common knobs log inspector host_reduce stragglers timeline config"
-  "backend interfaces: backend comms launcher"
+  "backend interfaces: backend comms launcher join_protocol"
   "planning: plan program"
-  "reduction: int8_wire shard_set reducer+bucket_runtime+bucket_steps agreement joins join_protocol"
+  "reduction: int8_wire shard_set reducer+bucket_runtime+bucket_steps agreement joins"
   "membership: generation elastic"
   "context: context iteration collectives recovery admission sharding stats stall_inspector"
   "shell: handles shell api_comms api_context api_hooks"

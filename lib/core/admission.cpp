@@ -6,7 +6,6 @@
 // after a loss (recovery.cpp). docs/design.md, "Elastic membership".
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/context.hpp"
 #include "core/log.hpp"
@@ -34,11 +33,11 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
       bool expired = false;
       if (!desk->request(slot, &text) || desk->answered(slot)) continue;
       const std::string why = refuse_join(text, terms, &expired);
-      if (!why.empty()) desk->answer(slot, "R" + why);
+      if (!why.empty()) desk->answer(slot, JoinAnswer::refused(why));
       // (a joiner whose heartbeat stopped is passed over: the others would wait for it in vain; told
       // so, in case it only stalled, it asks again)
       const bool stopped = !expired && watch && !watch->alive(slot);
-      if (why.empty() && stopped) desk->answer(slot, "S");
+      if (why.empty() && stopped) desk->answer(slot, JoinAnswer::passed_over());
       if (why.empty() && !expired && !stopped) wire[static_cast<size_t>(++wire[0])] = slot;
     }
   }
@@ -50,8 +49,8 @@ void Context::admit_joiners(ddp_membership_t* out, int* members, size_t capacity
   book_.admitted_upto = book_.pending_upto = upto;
   if (slots.empty()) return settle_membership(rank(), world(), {}, {}, out, members, capacity);
   try {
-    // A joiner is waiting when it is admitted: ten seconds are plenty for it to arrive.
-    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(10000));
+    // A joiner is waiting when it is admitted: it arrives at once, or it died on its way in.
+    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(kJoinArriveMs));
     const CreationScope bounded(arrive);
     comm = ctrl().admit(book_.next_attempt(), slots, std::to_string(book_.epoch + 1), arrive);
   } catch (const Error& e) {
@@ -86,22 +85,32 @@ void Context::join_job(ddp_membership_t* out, int* members, size_t capacity) {
     fail(DDP_ERR_INVALID_STATE,
          "register the grads before ddp_recover: the job admits a joiner whose grads match its own");
   const Deadline dl = membership_deadline(cfg_.c.timeout_ms);
-  std::string note;
-  std::unique_ptr<Comm> comm;
+  JoinOutcome o;
   try {
-    comm = joiner_->join(join_request(join_terms(cfg_, joiner_->memory(), regs_.specs, static_cast<bool>(hook_))),
-                         &note, Deadline::never());
+    o = joiner_->join(join_terms(cfg_, joiner_->memory(), regs_.specs, static_cast<bool>(hook_)), Deadline::never());
   } catch (const Error& e) {
-    // Refused, or no answer in time: as it is. Anything else (the job gave up on this admission and
-    // closed what it had made: another joiner of it never came) is one more try to make.
-    const bool refused = std::strstr(e.what(), "refused this process") != nullptr;
-    if (e.status() == DDP_ERR_TIMEOUT || refused) throw;
-    if (std::strstr(e.what(), "ended before admitting") != nullptr) {  // nothing left to join
-      abort(e);
-      throw;
-    }
+    // No answer in time: as it is. Anything else (the job gave up on this admission and closed what it
+    // had made: another joiner of it never came) is one more try to make.
+    if (e.status() == DDP_ERR_TIMEOUT) throw;
     fail(DDP_ERR_TIMEOUT, "the admission did not complete (call ddp_recover again to ask again): %s", e.what());
   }
+  switch (o.answer.kind) {
+    case JoinAnswer::Kind::Admitted: break;
+    case JoinAnswer::Kind::Refused:
+      fail(DDP_ERR_MISMATCH, "the running job at %s refused this process: %s", o.job.c_str(), o.answer.why.c_str());
+    case JoinAnswer::Kind::JobEnded: {  // nothing left to join
+      const Error e(DDP_ERR_ABORTED,
+                    format("the job at %s ended before admitting this process (every rank of its last membership "
+                           "destroyed its context): there is no job left to join; destroy this context",
+                           o.job.c_str()));
+      abort(e);
+      throw e;
+    }
+    case JoinAnswer::Kind::PassedOver:
+      fail(DDP_ERR_INTERNAL, "the joiner's communicator returned a passed-over answer (it asks again itself)");
+  }
+  std::unique_ptr<Comm> comm = std::move(o.comm);
+  const std::string note = o.answer.note;
   std::unique_ptr<Comm> joiner = std::move(joiner_);
   try {
     health_.joining = false;

@@ -13,6 +13,7 @@
 
 #include "core/backend.hpp"
 #include "core/config.hpp"
+#include "core/join_protocol.hpp"
 #include "core/plan.hpp"
 #include "core/stragglers.hpp"
 
@@ -49,13 +50,7 @@ void check_same_call_kind(const void* all, int world, int me);
 // Every rank has the same agreed config fields and the same memory kind.
 void agree_config(Comm& ctrl, const Settings& cfg, Deadline dl);
 
-// What a rank that joins a running elastic job must share with it (checked before it is admitted):
-// a digest of what agree_config compares, and what agree_registration compares.
-struct JoinTerms {
-  uint64_t config = 0, registrations = 0;
-  int64_t num_grads = 0;
-  int32_t hook = 0;
-};
+// What a rank that joins a running elastic job must share with it (core/join_protocol.hpp).
 JoinTerms join_terms(const Settings& cfg, Memory memory, const std::vector<GradSpec>& specs, bool hook);
 
 // Every rank registered the same grads (count, numel, dtype, flags, in order), and every rank set a

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/common.hpp"
+#include "core/join_protocol.hpp"
 #include "core/inspector.hpp"
 
 namespace ddp {
@@ -252,9 +253,9 @@ class JoinDesk {
   virtual ~JoinDesk() = default;
   // The request filed in `slot`, if one is (no wait).
   virtual bool request(int64_t slot, std::string* text) = 0;
-  // Answers the joiner of `slot`: "A" (admitted) or "R" (refused) and the text after it, or "S" (passed
-  // over: its heartbeat had stopped; it asks again).
-  virtual void answer(int64_t slot, const std::string& text) = 0;
+  // Answers the joiner of `slot` (refused, or passed over: its heartbeat had stopped and it asks again).
+  // The first answer stands.
+  virtual void answer(int64_t slot, const JoinAnswer& answer) = 0;
   // The joiner's heartbeat while it waits (a counter it bumps every 100 ms), if it has one.
   virtual bool beat(int64_t slot, std::string* value) = 0;
   // Whether `slot` holds an answer already (a request of an earlier job over the same store, whose
@@ -282,6 +283,14 @@ struct Regrouped {
   std::unique_ptr<Comm> comm;
   std::vector<int> members;
   std::vector<int64_t> committed;
+};
+
+// What Comm::join brings back: the job's answer and, when admitted, the communicator over the new
+// membership; `job` says where the job meets (for messages).
+struct JoinOutcome {
+  JoinAnswer answer;
+  std::unique_ptr<Comm> comm;
+  std::string job;
 };
 
 class Comm {
@@ -417,10 +426,11 @@ class Comm {
   // Whether this is a joiner's communicator (ddp_comm_join_gloo): no rank until admitted, nothing but
   // join() may be called.
   virtual bool joining() const { return false; }
-  // A joiner's communicator: files `request` with the running job and waits for its answer until `dl`;
-  // returns the communicator over the new membership and, in *note, what the admitting rank added.
-  // DDP_ERR_MISMATCH with the job's reason when it was refused; DDP_ERR_TIMEOUT at `dl`.
-  virtual std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) {
+  // A joiner's communicator: files a request with `terms` (bounded by this communicator's own bound,
+  // which the request carries) with the running job and waits for its answer until `dl`; asks again
+  // when passed over. Returns the answer: admitted (with the communicator over the new membership),
+  // refused, or the job's end. DDP_ERR_TIMEOUT when no answer came in time.
+  virtual JoinOutcome join(const JoinTerms& terms, Deadline dl) {
     fail(DDP_ERR_INVALID_STATE, "this communicator is not a joiner's");
   }
 

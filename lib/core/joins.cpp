@@ -7,49 +7,6 @@
 
 namespace ddp {
 
-namespace {
-// "ddp-join 1 CONFIG REGISTRATIONS NUM_GRADS HOOK PID HOST GIVE_UP_UNIX_MS"
-constexpr const char* kHead = "ddp-join 1";
-}  // namespace
-
-std::string join_request(const JoinTerms& mine) {
-  char host[256] = "";
-  ::gethostname(host, sizeof host - 1);
-  return format("%s %016" PRIx64 " %016" PRIx64 " %" PRId64 " %d %ld %s", kHead, mine.config, mine.registrations,
-                mine.num_grads, mine.hook, static_cast<long>(::getpid()), host[0] ? host : "?");
-}
-
-std::string refuse_join(const std::string& request, const JoinTerms& job, bool* expired) {
-  *expired = false;
-  JoinTerms t;
-  long pid = 0;
-  char host[256] = "";
-  long long give_up = 0;
-  if (request.compare(0, 10, kHead) != 0 ||
-      std::sscanf(request.c_str() + 10, " %" SCNx64 " %" SCNx64 " %" SCNd64 " %d %ld %255s %lld", &t.config,
-                  &t.registrations, &t.num_grads, &t.hook, &pid, host, &give_up) != 7)
-    return "its request is not one this version of libddp understands: '" + request.substr(0, 80) + "'";
-  const std::string who = format("the joiner (pid %ld on %s)", pid, host);
-  if (t.config != job.config)
-    return who + " differs from the job in its config or in the environment on the wire (a field agreed at " +
-           "ddp_create, the memory kind, or a DDP_* size knob): make it as the others were made";
-  if (t.num_grads != job.num_grads)
-    return format("%s registered %lld grads, the job %lld: register the same grads, in the same order", who.c_str(),
-                  static_cast<long long>(t.num_grads), static_cast<long long>(job.num_grads));
-  if (t.registrations != job.registrations)
-    return who + " registered grads that differ from the job's (sizes, dtypes or flags): register the same grads, in " +
-           "the same order";
-  if (t.hook != job.hook)
-    return format("%s %s a comm hook and the job %s: set one before ddp_recover if the job has one", who.c_str(),
-                  t.hook ? "set" : "did not set", job.hook ? "has one" : "has none");
-  const long long now_ms = static_cast<long long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
-  // Its own bound, read on this host's clock with a second to spare for the admission itself.
-  *expired = give_up > 0 && give_up < now_ms + 1000;
-  return "";
-}
-
 JoinWatch::JoinWatch(std::shared_ptr<JoinDesk> desk, int64_t from, const JoinTerms& job)
     : desk_(std::move(desk)), job_(job), next_(from), upto_(from), thread_([this] { run(); }) {}
 
@@ -103,7 +60,7 @@ void JoinWatch::run() {
         const std::string why = refuse_join(text, job_, &expired);
         if (desk_->answered(next_)) {  // settled before this job saw it
         } else if (!why.empty()) {
-          desk_->answer(next_, "R" + why);
+          desk_->answer(next_, JoinAnswer::refused(why));
         } else if (!expired) {
           std::lock_guard<std::mutex> beats(beats_mu_);
           beats_[next_] = Beat{"", now_ns()};

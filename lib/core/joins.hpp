@@ -1,8 +1,9 @@
 // Elastic joins: a process started after the job (a replacement for a lost rank, or one more rank)
 // asks through the job's store to be admitted; the ranks of the job notice it on a thread of their own
 // (no store traffic in the iteration), learn it together through the exchange that ends each synced
-// iteration, and admit it at the next step boundary (ddp_recover). This file holds what a request says,
-// whether the job can take it, and the watch over the requests.
+// iteration, and admit it at the next step boundary (ddp_recover). This file holds the watch over the
+// requests; what a request and an answer say, and whether the job can take a joiner, is
+// core/join_protocol.hpp.
 #pragma once
 
 #include <atomic>
@@ -13,17 +14,10 @@
 #include <string>
 #include <thread>
 
-#include "core/agreement.hpp"
 #include "core/backend.hpp"
+#include "core/join_protocol.hpp"
 
 namespace ddp {
-
-// A joiner's request (the joining communicator appends how long it waits).
-std::string join_request(const JoinTerms& mine);
-
-// "" when the joiner of `request` may be admitted into a job of these terms; else why not, in words
-// that the joiner shows as the job's refusal. *expired: the joiner has stopped waiting (not refused).
-std::string refuse_join(const std::string& request, const JoinTerms& job, bool* expired);
 
 // The watch: a thread that reads the job's requests from slot `from` on, refuses those the job cannot
 // take (answered at once, so the joiner need not wait for its timeout), and counts the others. It

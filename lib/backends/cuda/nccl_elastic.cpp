@@ -111,8 +111,10 @@ class NcclJoiningComm final : public Comm {
   }
   bool can_regroup() const override { return true; }
   bool joining() const override { return true; }
-  std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) override {
-    return make_nccl_pending(host_->join(request, note, dl), device_, timeout_ms_);
+  JoinOutcome join(const JoinTerms& terms, Deadline dl) override {
+    JoinOutcome out = host_->join(terms, dl);
+    if (out.comm) out.comm = make_nccl_pending(std::move(out.comm), device_, timeout_ms_);
+    return out;
   }
 
  private:

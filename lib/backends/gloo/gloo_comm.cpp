@@ -269,7 +269,8 @@ class GlooJoinDesk final : public JoinDesk {
     text->assign(v.begin(), v.end());
     return true;
   }
-  void answer(int64_t slot, const std::string& text) override {
+  void answer(int64_t slot, const JoinAnswer& a) override {
+    const std::string text = encode(a);
     std::vector<char> held;  // the first answer stands (a refusal told by several ranks alike)
     world_->rv.store->claim(key(slot) + "/answer", std::vector<char>(text.begin(), text.end()), &held,
                             Deadline::after_ms(kStoreMs));
@@ -317,24 +318,29 @@ class GlooJoinDesk final : public JoinDesk {
   std::string key(int64_t slot) const { return lineage_ + ".join/" + std::to_string(slot); }
   std::string ended_key() const { return lineage_ + ".join/ended"; }
   // Files `request` in the first free slot; returns the slot.
-  int64_t file(const std::string& request, Deadline dl) {
+  int64_t file(const JoinRequest& request, Deadline dl) {
+    const std::string text = encode(request);
     std::vector<char> held;
     int64_t slot = 0;
-    while (!world_->rv.store->claim(key(slot), std::vector<char>(request.begin(), request.end()), &held, dl)) ++slot;
+    while (!world_->rv.store->claim(key(slot), std::vector<char>(text.begin(), text.end()), &held, dl)) ++slot;
     return slot;
   }
-  // Waits for the answer, bumping the heartbeat that tells the job this joiner still waits.
-  std::string wait_answer(int64_t slot, Deadline dl) {
+  // Waits for the answer, bumping the heartbeat that tells the job this joiner still waits. The job's
+  // end is an answer too, which the joiner files itself (so that a later job over this store passes
+  // the request over).
+  JoinAnswer wait_answer(int64_t slot, Deadline dl) {
     Store& st = *world_->rv.store;
     std::vector<char> v;
     for (uint64_t beat = 0;; ++beat) {
-      if (st.try_get(key(slot) + "/answer", &v, dl)) return std::string(v.begin(), v.end());
+      if (st.try_get(key(slot) + "/answer", &v, dl)) {
+        JoinAnswer a;
+        if (!decode(std::string(v.begin(), v.end()), &a))
+          fail(DDP_ERR_INTERNAL, "a malformed answer to a join: '%s'", std::string(v.begin(), v.end()).c_str());
+        return a;
+      }
       if (st.try_get(ended_key(), &v, dl) && v == std::vector<char>{'1'}) {
-        answer(slot, "E");  // settled: a later job over this store passes it over
-        fail(DDP_ERR_ABORTED,
-             "the job at %s ended before admitting this process (every rank of its last membership destroyed its "
-             "context): there is no job left to join; destroy this context",
-             world_->rv.describe.c_str());
+        answer(slot, JoinAnswer::job_ended());
+        return JoinAnswer::job_ended();
       }
       if (dl.passed()) fail(DDP_ERR_TIMEOUT, "no answer in slot %lld", static_cast<long long>(slot));
       const std::string b = std::to_string(beat);
@@ -652,8 +658,7 @@ std::unique_ptr<Comm> GlooComm::admit(const std::string& name, const std::vector
   if (rank() == 0) {
     GlooJoinDesk desk(world_, lineage_);
     for (size_t i = 0; i < slots.size(); ++i)
-      desk.answer(slots[i], "A" + key + " " + std::to_string(size() + static_cast<int>(i)) + " " +
-                                std::to_string(world) + " " + note);
+      desk.answer(slots[i], JoinAnswer::admitted(key, size() + static_cast<int>(i), world, note));
   }
   return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank(), world, lineage_));
 }
@@ -678,19 +683,19 @@ class GlooJoiningComm final : public Comm {
   bool joining() const override { return true; }
   // Waits for the admission within this communicator's own bound (ddp_comm_join_gloo's timeout_ms),
   // which the request carries so that the job passes over a joiner that stopped waiting.
-  std::unique_ptr<Comm> join(const std::string& request, std::string* note, Deadline dl) override {
+  JoinOutcome join(const JoinTerms& terms, Deadline dl) override {
     const int64_t bound = world_->init_timeout_ms;
     dl = Deadline::earlier(dl, Deadline::after_ms(bound));
-    const int64_t now_ms = std::chrono::duration_cast<Ms>(std::chrono::system_clock::now().time_since_epoch()).count();
-    const int64_t give_up = bound > 0 && bound < INT64_MAX / 4 ? now_ms + bound : 0;
+    const JoinRequest request = JoinRequest::of_this_process(terms, bound);
     GlooJoinDesk desk(world_, lineage_);
+    JoinOutcome out;
+    out.job = world_->rv.describe;
     int64_t slot = 0;
-    std::string a;
     try {
-      do {  // passed over ("S": the job saw its heartbeat stand still): ask again
-        slot = desk.file(request + " " + std::to_string(give_up), dl);
-        a = desk.wait_answer(slot, dl);
-      } while (a == "S");
+      do {  // passed over (the job saw its heartbeat stand still): ask again
+        slot = desk.file(request, dl);
+        out.answer = desk.wait_answer(slot, dl);
+      } while (out.answer.kind == JoinAnswer::Kind::PassedOver);
     } catch (const Error& e) {
       if (e.status() != DDP_ERR_TIMEOUT) throw;
       fail(DDP_ERR_TIMEOUT,
@@ -699,24 +704,16 @@ class GlooJoiningComm final : public Comm {
            "after a synced iteration)",
            world_->rv.describe.c_str(), desk.key(slot).c_str());
     }
-    if (a.empty() || (a[0] != 'A' && a[0] != 'R'))
-      fail(DDP_ERR_INTERNAL, "a malformed answer to a join: '%s'", a.c_str());
-    if (a[0] == 'R')
-      fail(DDP_ERR_MISMATCH, "the running job at %s refused this process: %s", world_->rv.describe.c_str(),
-           a.c_str() + 1);
-    char key[512] = "";
-    int rank = -1, world = 0, used = 0;
-    if (std::sscanf(a.c_str() + 1, "%511s %d %d %n", key, &rank, &world, &used) != 3 || rank < 0 || rank >= world)
-      fail(DDP_ERR_INTERNAL, "a malformed admission: '%s'", a.c_str());
-    *note = a.substr(1 + static_cast<size_t>(used));
-    // The job waits 10 s for its joiners to arrive, then goes on without them if one never came (another
-    // joiner of the same admission died): this one then asks again rather than wait out its own bound.
-    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(kArriveMs));
-    return std::unique_ptr<Comm>(new GlooComm(world_, key, arrive, rank, world, lineage_));
+    if (out.answer.kind != JoinAnswer::Kind::Admitted) return out;
+    // The job waits kJoinArriveMs for its joiners to arrive, then goes on without them if one never
+    // came (another joiner of the same admission died): this one then asks again rather than wait out
+    // its own bound.
+    const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(kJoinArriveMs + kJoinArriveSlackMs));
+    out.comm.reset(new GlooComm(world_, out.answer.meet, arrive, out.answer.rank, out.answer.world, lineage_));
+    return out;
   }
 
  private:
-  static constexpr int64_t kArriveMs = 15000;
   [[noreturn]] static void not_admitted() {
     fail(DDP_ERR_INVALID_STATE, "a joiner's communicator has no ranks until the job admits it (ddp_recover)");
   }
