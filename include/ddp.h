@@ -21,13 +21,12 @@
  *   own. ddp_allreduce_host, ddp_barrier and ddp_join (and, with config.uneven_inputs, the start of
  *   every synced iteration) first tell each other what each rank calls, so that ranks that call
  *   different ones all get DDP_ERR_MISMATCH instead of waiting for each other.
- * - After a fatal error (a timeout, a failed collective, ranks that disagree on the config, on the
- *   registration or on which host collective they call, an internal error) a context answers
- *   DDP_ERR_ABORTED, with the original reason in the message, to every further call except
- *   ddp_destroy, ddp_get_stats and the plan getters. An elastic context (config.elastic) answers
- *   DDP_ERR_RANK_LOST instead when a peer died or was cut off, until ddp_recover rebuilds it over the
- *   ranks that are left, and DDP_ERR_RANK_JOINING at the step boundary where ranks that asked to join
- *   wait, until ddp_recover admits them.
+ * - After a fatal error (a timeout, a failed collective, its ranks disagreeing: DDP_ERR_MISMATCH, an
+ *   internal error) a context answers DDP_ERR_ABORTED, with the original reason in the message, to
+ *   every further call except ddp_destroy, ddp_get_stats and the plan getters. An elastic context
+ *   (config.elastic) answers DDP_ERR_RANK_LOST instead when a peer died or was cut off, until
+ *   ddp_recover rebuilds it over the ranks that are left, and DDP_ERR_RANK_JOINING at the step
+ *   boundary where ranks that asked to join wait, until ddp_recover admits them.
  * - A refused call (DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_STATE, DDP_ERR_UNSUPPORTED) leaves the
  *   context as it was. A collective call refused on one rank is refused there alone: the other ranks
  *   wait for it until their timeout.
