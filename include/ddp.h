@@ -13,13 +13,26 @@
  * - Handles are opaque. Destroy functions accept NULL.
  * - Streams (cudaStream_t) and foreign communicators (MPI_Comm*, ncclComm_t) cross as void*: this
  *   header includes no CUDA, NCCL or MPI header and compiles as C99 and as C++.
+ * - Memory kinds: a context over an MPI, Gloo, self or local communicator works on host memory; over
+ *   an NCCL communicator on device memory of that communicator's GPU. Streams are ignored on host
+ *   memory (pass NULL).
  * - "Collective" means every rank of the communicator must make the same call, in the same order
- *   relative to the other collective calls of the same context.
- * - After a fatal error (a timeout, a failed collective) a context answers DDP_ERR_ABORTED to every
- *   further call except ddp_destroy, ddp_get_stats and the plan getters. An elastic context
+ *   relative to the other collective calls of the same context. ddp_broadcast has a channel of its
+ *   own. ddp_allreduce_host, ddp_barrier and ddp_join (and, with config.uneven_inputs, the start of
+ *   every synced iteration) first tell each other what each rank calls, so that ranks that call
+ *   different ones all get DDP_ERR_MISMATCH instead of waiting for each other.
+ * - After a fatal error (a timeout, a failed collective, its ranks disagreeing: DDP_ERR_MISMATCH, an
+ *   internal error) a context answers DDP_ERR_ABORTED, with the original reason in the message, to
+ *   every further call except ddp_destroy, ddp_get_stats and the plan getters. An elastic context
  *   (config.elastic) answers DDP_ERR_RANK_LOST instead when a peer died or was cut off, until
  *   ddp_recover rebuilds it over the ranks that are left, and DDP_ERR_RANK_JOINING at the step
  *   boundary where ranks that asked to join wait, until ddp_recover admits them.
+ * - A refused call (DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_STATE, DDP_ERR_UNSUPPORTED) leaves the
+ *   context as it was. A collective call refused on one rank is refused there alone: the other ranks
+ *   wait for it until their timeout.
+ * - Threads: every function may be called from any thread. The calls on one context come from one
+ *   thread at a time, except ddp_grad_ready and ddp_grad_ready_ptr, which several threads may make at
+ *   once for different grads. Contexts are independent of each other.
  */
 #ifndef DDP_H_
 #define DDP_H_
@@ -114,7 +127,10 @@ typedef enum ddp_compression {
    * addition is done in fp32 math and rounded to bfloat16 for the next hop, and the sum is cast back
    * once on the way out. Either way every reduced value is the uncompressed result within a few
    * bfloat16 roundings (relative 2^-8 each): one per hop of the sum (world size - 1 at most), one for
-   * the result, and on the second path one for the inputs. 16-bit grads travel as they are. */
+   * the result, and on the second path one for the inputs. 16-bit grads travel as they are. On NCCL
+   * it needs NCCL 2.10 or later (ddp_create: DDP_ERR_UNSUPPORTED, "this communicator cannot sum
+   * bf16"). ddp_get_bucket reports the 16-bit type as the bucket's wire, and bytes_reduced counts
+   * bytes in it. */
   DDP_COMPRESS_BF16 = 1,
   /* The same with IEEE binary16: 3 more bits of precision, range +-65504 (scale the loss so that no
    * grad or partial sum overflows; an overflow is an Inf, never hidden). */
@@ -156,7 +172,8 @@ typedef enum ddp_compression {
    * reduce-scatter (2 (world - 1) / world x (n + n/64) against 2 (world - 1) / world x 4n); the
    * all-gather's (world - 1) x (n + n/64) is the same at 2 ranks. Host memory and NCCL alike (on
    * GPUs: CUDA kernels running the same element code, ncclAllGather, and ncclSend / ncclRecv for
-   * the reduce-scatter, NCCL 2.7 or later; such buckets are not grouped with others).
+   * the reduce-scatter, NCCL 2.7 or later, an older one all-gathers; such buckets are not grouped
+   * with others).
    * 16-bit buckets travel as they are. Not with config.shard. A rank that joins (ddp_join) drops
    * its kept errors, so that its shadowing contributes zeros. */
   DDP_COMPRESS_INT8 = 3
@@ -167,7 +184,9 @@ typedef enum ddp_uneven {
   DDP_UNEVEN_OFF = 0,
   /* Averages divide by the ranks that contributed to the iteration (not joined). */
   DDP_UNEVEN_BY_CONTRIBUTORS = 1,
-  /* Averages divide by the world size, as torch's divide_by_initial_world_size. */
+  /* Averages divide by the world size, as torch's divide_by_initial_world_size. In both modes
+   * gradient_predivide_factor f keeps its meaning (1/f before the sum, f/n after it, n the divisor
+   * above); without gradient_average nothing is divided. */
   DDP_UNEVEN_BY_WORLD = 2
 } ddp_uneven_t;
 
@@ -238,7 +257,9 @@ typedef struct ddp_nccl_id {
  * for MPI_COMM_WORLD; libddp duplicates it, so the caller's communicator is never used by the
  * library. If MPI is not initialized, libddp initializes it with MPI_THREAD_MULTIPLE and finalizes it
  * at process exit; if it is, the thread level must be MPI_THREAD_MULTIPLE (DDP_ERR_UNSUPPORTED
- * otherwise). Collective over the MPI communicator. DDP_ERR_UNSUPPORTED in a build without MPI. */
+ * otherwise). Collective over the MPI communicator. DDP_ERR_UNSUPPORTED in a build without MPI.
+ * Destroy every context made over it before MPI_Finalize (each has a thread that uses MPI while it
+ * lives). */
 DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
 
 /* Host-memory communicator over Gloo (TCP), needing no MPI: processes started by any launcher
@@ -273,32 +294,40 @@ DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
  * and fault semantics as MPI: a collective whose peer stalls returns DDP_ERR_TIMEOUT at the
  * context's timeout_ms; one whose peer died returns DDP_ERR_TIMEOUT at once, naming it. Calling it
  * again with the same arguments makes another communicator over the same rendezvous.
- * DDP_ERR_INVALID_ARGUMENT for a malformed method or a missing variable; DDP_ERR_UNSUPPORTED in a
- * build without Gloo. */
+ * The rendezvous checks every rank against rank 0 and counts the ranks as they arrive: a rank of
+ * another job (its DDP_JOB_ID, else TORCHELASTIC_RUN_ID, differs from rank 0's; two jobs on one
+ * port) gets DDP_ERR_MISMATCH naming both ids while rank 0 warns and waits on; a rank number claimed
+ * by two processes, a WORLD_SIZE other than rank 0's, or a rank beyond the world is DDP_ERR_MISMATCH
+ * on every rank. While ranks are missing, rank 0 warns every DDP_INIT_PROGRESS_MS (default 5000).
+ * DDP_ERR_INVALID_ARGUMENT at once for a malformed method, a missing variable, or a port
+ * (MASTER_PORT, DDP_STORE_PORT, tcp://) outside 1..65535, MASTER_PORT 65535 included when the store
+ * takes MASTER_PORT + 1; DDP_ERR_UNSUPPORTED in a build without Gloo. */
 DDP_API ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int size, ddp_comm_t* comm);
 /* As ddp_comm_init_gloo, with the bound given: `timeout_ms` milliseconds, 0 to wait forever; the
  * whole creation (rendezvous, connections, first barrier) ends within it. Every duration argument of
  * this header and DDP_INIT_TIMEOUT_MS (0 .. 2^62) may be as large as its type holds: a deadline past
- * the clock's range (about 292 years) is forever. */
+ * the clock's range (about 292 years) is forever. A negative `timeout_ms` is DDP_ERR_INVALID_ARGUMENT,
+ * here and in every ddp_comm_*_timeout and ddp_comm_join_* call. */
 DDP_API ddp_status_t ddp_comm_init_gloo_timeout(const char* init_method, int rank, int size, int64_t timeout_ms,
                                                 ddp_comm_t* comm);
 
 /* A communicator that joins a running elastic job (config.elastic, Gloo) over `init_method`'s store
  * (as in ddp_comm_init_gloo; a TCP store must outlive the ranks that died: tools/ddp_store or
  * ddp_launch --elastic), as a replacement for a lost rank or as one more rank. It connects to the
- * store only: it has no rank yet (ddp_comm_rank answers DDP_ERR_INVALID_STATE) and nothing
- * collective runs over it. Make a context over it with the job's config (config.elastic set),
- * register the job's grads in the job's order (and set the job's comm hook, if any), then call
- * ddp_recover: it asks the job to admit this process and waits up to `timeout_ms` (0: forever) for
- * the job's next step boundary (the job's ranks notice the request within about 100 ms, agree on it
- * in their next synced iteration, and admit it at the one after). Every other call of that context
- * answers DDP_ERR_RANK_JOINING until then; a job that ends first says so (DDP_ERR_ABORTED, see
- * ddp_recover). The join goes to the context made over the job's first Gloo communicator (one
+ * store only: it has no rank yet (ddp_comm_rank answers DDP_ERR_INVALID_STATE) and nothing collective
+ * runs over it. Make a context over it with the job's config (config.elastic set), register the job's
+ * grads in the job's order (and set the job's comm hook, if any), then call ddp_recover: it asks the
+ * job to admit this process and waits up to `timeout_ms` (0: forever) for the job's next step
+ * boundary (the job's ranks notice the request within about 100 ms, agree on it in their next synced
+ * iteration, and admit it at the one after). Until then that context answers DDP_ERR_RANK_JOINING to
+ * every call but registration, ddp_set_comm_hook, ddp_recover, ddp_get_stats and ddp_destroy
+ * (ddp_comm_size too answers DDP_ERR_INVALID_STATE); a job that ends first says so (DDP_ERR_ABORTED,
+ * see ddp_recover). The join goes to the context made over the job's first Gloo communicator (one
  * elastic context per job admits joiners). */
 DDP_API ddp_status_t ddp_comm_join_gloo(const char* init_method, int64_t timeout_ms, ddp_comm_t* comm);
 
-/* Host-memory communicator of one rank, needing no MPI: reduction is the identity. For single-process
- * runs, tests and fuzzing. */
+/* Host-memory communicator of one rank, needing no MPI: reduction is the identity (scaling still
+ * applies). For single-process runs, tests and fuzzing. */
 DDP_API ddp_status_t ddp_comm_init_self(ddp_comm_t* comm);
 
 /* A group of `nranks` in-process ranks that communicate through shared memory: each of `nranks`
@@ -340,9 +369,10 @@ DDP_API ddp_status_t ddp_nccl_get_unique_id(ddp_nccl_id_t* id);
 /* Device-memory communicator over NCCL for rank `rank` of `nranks`, on CUDA device `cuda_device`.
  * Collective. DDP_ERR_UNSUPPORTED in a build without CUDA; DDP_ERR_CUDA when no device is usable.
  * Bounded: with NCCL 2.14 or later the communicator is created without blocking and given up
- * (ncclCommAbort, DDP_ERR_TIMEOUT naming this rank) when it is not ready within the environment's
- * DDP_INIT_TIMEOUT_MS milliseconds (default 300000; 0 waits forever), e.g. because a rank never
- * called it with the same id. Older NCCL blocks until every rank has joined. */
+ * (ncclCommAbort, DDP_ERR_TIMEOUT "rank R of N: the NCCL communicator was not created within T ms:
+ * ...") when it is not ready within the environment's DDP_INIT_TIMEOUT_MS milliseconds (default
+ * 300000; 0 waits forever), e.g. because a rank never called it with the same id. Older NCCL blocks
+ * until every rank has joined. */
 DDP_API ddp_status_t ddp_comm_init_nccl(const ddp_nccl_id_t* id, int nranks, int rank, int cuda_device,
                                         ddp_comm_t* comm);
 /* As ddp_comm_init_nccl, with the bound given: `timeout_ms` milliseconds, 0 to wait forever. */
@@ -368,8 +398,11 @@ DDP_API ddp_status_t ddp_comm_init_nccl_store_timeout(const char* init_method, i
  * ddp_comm_init_nccl_store: the joiner is admitted over the job's Gloo communicator, then makes an
  * NCCL communicator on `cuda_device` with the job's ranks (bounded by `timeout_ms` too). Contexts
  * over NCCL communicators made this way are elastic (config.elastic): after a loss, ddp_recover
- * agrees on the survivors over Gloo and makes a new NCCL communicator over them. DDP_ERR_UNSUPPORTED
- * in a build without CUDA or without Gloo. */
+ * agrees on the survivors over Gloo and makes a new NCCL communicator over them; the old ones are
+ * aborted (ncclCommAbort), never reused. Their control path (the exchange that ends each iteration,
+ * the plan, ddp_allreduce_host) runs over the Gloo communicator, so a dead peer's closed connection
+ * ends the iteration at once, and NCCL errors count as a loss. DDP_ERR_UNSUPPORTED in a build
+ * without CUDA or without Gloo. */
 DDP_API ddp_status_t ddp_comm_join_nccl(const char* init_method, int cuda_device, int64_t timeout_ms, ddp_comm_t* comm);
 /* Borrows an existing ncclComm_t: libddp uses it (and communicators it splits from it) but never
  * destroys it; it must outlive every context made over the returned comm. */
@@ -450,13 +483,16 @@ typedef struct ddp_config {
 
   /* Version 2 (libddp 0.2). Host memory: each bucket's collective is issued in pieces of at most this
    * many bytes, and each piece is scaled and unpacked while it is still in cache. 0 (default) lets the
-   * library choose (see docs/performance.md); otherwise at least 4096. Ignored on GPUs. */
+   * library choose: the environment's DDP_HOST_PIECE_BYTES, else 4 MiB (see docs/performance.md);
+   * otherwise at least 4096. Ignored on GPUs. */
   size_t host_piece_bytes;
   /* Version 2. A bucket that has waited this many milliseconds for the other ranks is reported once,
    * as a warning through the log callback (ddp_set_log_callback): which ranks have not arrived and
    * where every rank that answers stands; the wait goes on until timeout_ms. 0 (default) is the
    * library's choice, 60000 (one minute); a value >= timeout_ms never warns before the timeout.
-   * 0 .. 9.2e18; past the clock's range (about 292 years) it never warns. */
+   * 0 .. 9.2e18; past the clock's range (about 292 years) it never warns. One warning per wait,
+   * whatever the number of streams. Bucket collectives only: the short control exchanges (agreement,
+   * the learned plan's broadcast, the unused-grad report) are bounded by timeout_ms but never warn. */
   int64_t stall_warning_ms;
 
   /* Version 3 (libddp 0.2). Sharded reduction, for sharded optimizers (ZeRO-1/2, Megatron's
@@ -465,29 +501,48 @@ typedef struct ddp_config {
    * ddp_get_shard); the library also keeps a parameter arena of the same layout (ddp_param_ptr) that
    * ddp_gather_params all-gathers after the optimizer updated each rank's shard. Needs
    * DDP_LAYOUT_ARENA and DDP_PLAN_REGISTRATION (the learned plan would move every shard, and the
-   * optimizer state over it, after the first iteration); ddp_create refuses other combinations. */
+   * optimizer state over it, after the first iteration); ddp_create refuses other combinations.
+   * Not with uneven_inputs or DDP_COMPRESS_INT8 (ddp_create refuses them) nor with a comm hook
+   * (ddp_set_comm_hook refuses it); inplace_min_numel does not apply; every other option keeps its
+   * meaning. */
   int shard;
 
   /* Version 4 (libddp 0.2). ddp_compression_t: the type buckets travel in. Default
-   * DDP_COMPRESS_NONE. Not with a comm hook (ddp_set_comm_hook: the hook decides). */
+   * DDP_COMPRESS_NONE. Not with a comm hook (ddp_set_comm_hook: the hook decides). A compressed
+   * bucket is always staged: the arena layout converts it into a wire buffer and back, and the copy
+   * layout reduces none of its grads in place (inplace_min_numel does not apply). */
   int compression;
   /* Version 4. ddp_uneven_t. With it set, every synced iteration begins (ddp_begin_backward) with one
    * small exchange saying which ranks still contribute, so that a rank that has run out of data can
    * call ddp_join and shadow the others' iterations until every rank has joined. Default
-   * DDP_UNEVEN_OFF: no exchange, and ddp_join is DDP_ERR_INVALID_STATE. */
+   * DDP_UNEVEN_OFF: no exchange, and ddp_join is DDP_ERR_INVALID_STATE. The exchange (72 bytes per
+   * rank; ddp_reduce_all makes it too) returns only once every rank has reached the same point (its
+   * own synced iteration, or ddp_join), bounded by timeout_ms; iterations with sync off exchange
+   * nothing. Not with config.shard (DDP_ERR_INVALID_ARGUMENT: a joined rank would stop updating the
+   * parameter shard every other rank gathers). */
   int uneven_inputs;
 
   /* Version 5 (libddp 0.2). Elastic: a collective that fails because a peer died, was cut off or
    * stalled past timeout_ms ends the call with DDP_ERR_RANK_LOST instead of aborting the context;
    * ddp_recover then rebuilds it over the ranks that are left (see there). Needs a communicator that
    * can be rebuilt (Gloo, a local group, NCCL made by ddp_comm_init_nccl_store; ddp_create says
-   * DDP_ERR_UNSUPPORTED for the others, naming them) and is
-   * not available with config.shard, config.uneven_inputs or config.stream_comms. Default 0: off. */
+   * DDP_ERR_UNSUPPORTED for the others, naming them; ddp_comm_init_self is accepted, a group of one
+   * with no peer to lose) and is not available with config.shard, config.uneven_inputs or
+   * config.stream_comms. Default 0: off. Processes may join a running job over Gloo
+   * (ddp_comm_join_gloo, ddp_comm_join_nccl; DDP_ERR_RANK_JOINING), not a local group. Every synced
+   * iteration (and ddp_reduce_all) ends with the small exchange of the unused-grad report, under
+   * DDP_UNUSED_ZERO too: it carries the join requests seen (8 bytes). How a loss is found: a dead
+   * process at once (its connections close, its port refuses); while a bucket waits, every second
+   * each rank asks the others' stall-inspector ports, and a rank whose port refuses or that is silent
+   * twice in a row is lost (a cut link: about 2.5 s, or timeout_ms if sooner); a rank that is alive
+   * but stalled or stopped (SIGSTOP, a debugger: its port still accepts) at timeout_ms. A rank whose
+   * collective fails closes all its connections, so the loss reaches every rank in one hop. */
   int elastic;
   /* Version 5. Stragglers (see ddp_stats_t.straggler_rank): a warning through the log callback when
    * one rank was late by at least this many milliseconds in 8 of the last 10 synced iterations, saying
-   * which rank and why (late to start its backward pass, slow backward, slow wire). 0 (default) is the
-   * library's choice, 100 ms. 0 .. 9.2e18. */
+   * which rank and why (late to start its backward pass, slow backward, slow wire); once, until that
+   * rank has been on time for 10 iterations. 0 (default) is the library's choice, 100 ms.
+   * 0 .. 9.2e18. */
   int64_t straggler_warning_ms;
 } ddp_config_t;
 
@@ -546,10 +601,15 @@ DDP_API ddp_status_t ddp_config_init(ddp_config_t* config);
 typedef struct ddp_context* ddp_t;
 
 /* Makes a context over `comm` (duplicated: the comm may be destroyed afterwards). `config` NULL means
- * the defaults. The config is validated here; agreement across ranks is checked when registration
- * closes (see ddp_commit). On host comms the environment variables that size what crosses the wire
- * (DDP_HOST_PIECE_BYTES) must read the same on every rank: ranks that differ all get
- * DDP_ERR_MISMATCH naming the variable and the ranks' values. Collective. */
+ * the defaults. The config is validated here (a value outside its range or enum is
+ * DDP_ERR_INVALID_ARGUMENT naming the accepted ones), and the ranks agree here on the fields that
+ * shape the collectives (message_size, delay_allreduce, layout, plan_order, allreduce_always_fp32,
+ * gradient_average, gradient_predivide_factor, num_streams, unused_policy, inplace_min_numel,
+ * host_piece_bytes, shard, compression, uneven_inputs, elastic) and on the memory kind: ranks that
+ * differ all get DDP_ERR_MISMATCH naming the field and the values. On host comms the environment
+ * variables that size what crosses the wire (DDP_HOST_PIECE_BYTES, DDP_INT8_SCATTER_MIN_WORLD) must
+ * read the same on every rank: ranks that differ all get DDP_ERR_MISMATCH naming the variable and the
+ * ranks' values. The grads are agreed on when registration closes (see ddp_commit). Collective. */
 DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp_t* ddp);
 
 /* Registers one gradient of `numel` (>= 1) elements of `dtype`; *index receives its index (0, 1, ...
@@ -567,11 +627,12 @@ DDP_API ddp_status_t ddp_create(ddp_comm_t comm, const ddp_config_t* config, ddp
 DDP_API ddp_status_t ddp_register_grad(ddp_t ddp, void* grad, size_t numel, ddp_dtype_t dtype, unsigned flags,
                                        int* index);
 
-/* Closes registration: checks that every rank registered the same grads with the same config
+/* Closes registration: checks that every rank registered the same grads and set a comm hook alike
  * (DDP_ERR_MISMATCH on every rank otherwise, naming the first difference), builds the first plan and
- * allocates buffers. Collective. Optional: ddp_grad_ptr, ddp_begin_backward, ddp_reduce_all and
- * ddp_get_plan close registration implicitly, so their first call on each rank is collective too.
- * Calling it again is a no-op. */
+ * allocates buffers. Collective. Optional: ddp_grad_ptr (arena layout), ddp_begin_backward,
+ * ddp_reduce_all, ddp_join, ddp_get_plan, ddp_get_bucket, ddp_get_shard and ddp_param_ptr close
+ * registration implicitly, so their first call on each rank is collective too; ddp_broadcast,
+ * ddp_allreduce_host and ddp_barrier leave it open. Calling it again is a no-op. */
 DDP_API ddp_status_t ddp_commit(ddp_t ddp);
 
 /* Where grad `index` lives. Arena layout: the view into the library's buffer (closing registration if
@@ -599,7 +660,8 @@ DDP_API ddp_status_t ddp_begin_backward(ddp_t ddp, void* stream);
  * (ddp_set_sync) it only records the mark. */
 DDP_API ddp_status_t ddp_grad_ready(ddp_t ddp, int index);
 
-/* ddp_grad_ready with the grad's storage for this iteration (copy layout; NULL keeps the pointer). */
+/* ddp_grad_ready with the grad's storage for this iteration (copy layout; NULL keeps the pointer). Only
+ * buckets whose pointers changed have their pointer tables rebuilt. */
 DDP_API ddp_status_t ddp_grad_ready_ptr(ddp_t ddp, int index, void* grad);
 
 /* Ends the backward pass. Launches whatever is left (grads never marked ready are handled by the
@@ -625,7 +687,7 @@ DDP_API ddp_status_t ddp_finish_backward(ddp_t ddp, void* stream);
  * the context while it runs: ddp_grad_ready from another thread waits until the wait ends, so call it
  * where backward is done with the grads it needs (after the marks, as the example trainer does).
  * DDP_ERR_INVALID_STATE outside a backward pass or before the grad is marked ready; NULL `reduced`
- * is DDP_ERR_INVALID_ARGUMENT. */
+ * is DDP_ERR_INVALID_ARGUMENT. Not collective. */
 DDP_API ddp_status_t ddp_wait_grad(ddp_t ddp, int index, void* stream, int* reduced);
 
 /* Turns reduction on (1) or off (0) for the following iterations (apex enable/disable_allreduce,
@@ -635,7 +697,8 @@ DDP_API ddp_status_t ddp_wait_grad(ddp_t ddp, int index, void* stream, int* redu
  * each rank's count ("ranks disagree on ddp_set_sync: ..."), and the context aborts: with
  * config.uneven_inputs from ddp_begin_backward, before any bucket; otherwise from
  * ddp_finish_backward of that iteration, through the unused-grad report (not found with
- * DDP_UNUSED_ZERO and uneven_inputs off, where the ranks exchange nothing of their own). */
+ * DDP_UNUSED_ZERO and uneven_inputs off outside elastic contexts, where the ranks exchange nothing of
+ * their own). */
 DDP_API ddp_status_t ddp_set_sync(ddp_t ddp, int enabled);
 
 /* apex Reducer.reduce(): reduces every registered grad now, outside a backward pass, with the same
@@ -657,12 +720,20 @@ DDP_API ddp_status_t ddp_synchronize(ddp_t ddp);
 
 /* Uneven inputs: this rank has run out of data. Needs config.uneven_inputs. Instead of its next
  * iterations, it shadows the others' synced iterations: it takes part in each bucket's collective
- * with zeros (its grads are reduced as unused grads are, and receive the reduced values), while the
- * others' averages divide by the ranks that contributed (or by the world: DDP_UNEVEN_BY_WORLD).
- * Returns when every rank has called it, on every rank, with *all_joined_iteration (may be NULL) set
- * to the number of synced iterations done by then: the same on every rank. The context is then as
- * before, every rank contributing again (a new epoch may start). Each wait is bounded by
- * timeout_ms. Not inside a backward pass. Collective. */
+ * with zeros (its grads are reduced as unused grads are, never reported as unused, and receive the
+ * reduced values), while the others' averages divide by the ranks that contributed (or by the world:
+ * DDP_UNEVEN_BY_WORLD). With the learned plan, a rank that joins before the first synced backward
+ * takes part in learning it. Returns when every rank has called it, on every rank, with
+ * *all_joined_iteration (may be NULL) set to the number of synced iterations done by then
+ * (ddp_stats_t.iterations, the shadowed ones included): the same on every rank. The context is then
+ * as before, every rank contributing again (a new epoch may start). Each wait is bounded by
+ * timeout_ms: others that spend longer than that between two synced iterations (sync off, an
+ * evaluation, a checkpoint) make this rank fail with DDP_ERR_TIMEOUT, which aborts its context. While
+ * a rank is in ddp_join the others may run synced iterations, iterations with sync off and ddp_join,
+ * but not ddp_allreduce_host or ddp_barrier (every rank gets DDP_ERR_MISMATCH and the contexts abort)
+ * nor ddp_broadcast (its channel is not served: it times out). Closes registration if open.
+ * DDP_ERR_INVALID_STATE inside a backward pass, without config.uneven_inputs, or with sync off.
+ * Collective. */
 DDP_API ddp_status_t ddp_join(ddp_t ddp, int64_t* all_joined_iteration);
 
 /* Elastic contexts (config.elastic): what ddp_recover reports. */
@@ -695,6 +766,12 @@ typedef struct ddp_membership {
  * dropped (it gets DDP_ERR_RANK_LOST from its own ddp_recover, saying so, and its context is aborted:
  * destroy it and its communicator; to take part again, the same process joins the job as any joiner
  * does, ddp_comm_join_gloo over the job's store, a new context and ddp_recover). The
+ * agreement: a survivor proposes the ranks it saw check in and still reaches, and only when they are
+ * more than half of the ranks not known to be gone (a port that refuses says a process is gone; one
+ * that does not answer may be cut off); the store keeps the first proposal and every survivor adopts
+ * it. So on a cut link the larger side goes on and the smaller one is left out, even over a store
+ * both reach; an even split, or a host lost with half the ranks (no rank can tell it from a cut),
+ * stops with DDP_ERR_TIMEOUT. The
  * survivors keep their order and are renumbered 0 .. world - 1; every registration stays, the plan
  * is kept, and the averages divide by the new world. Afterwards take the state of
  * membership->source (see ddp_membership_t) and go on with the next iteration. Arena layout: the
@@ -711,8 +788,10 @@ typedef struct ddp_membership {
  * ddp_reduce_all at the step boundary after a synced iteration in which some rank's watch saw a join
  * request), admits the waiting joiners: they become ranks world, world + 1 ..., receive the plan,
  * and every rank, joiners included, then takes the state of membership->source; make the call again
- * afterwards. If a joiner died on the way, the membership stays as it was (epoch unchanged).
- * Collective over the job's ranks and the joiners.
+ * afterwards. A joiner whose heartbeat (every 100 ms) stood still for 1.5 s is passed over (and told
+ * so: it asks again); one that dies while it is admitted is waited for at most 10 s, then the job goes
+ * on as it was (membership and epoch unchanged) and that admission's joiners get DDP_ERR_TIMEOUT
+ * within 15 s. Collective over the job's ranks and the joiners.
  * On a joiner's context (ddp_comm_join_gloo, ddp_comm_join_nccl): asks to be admitted and waits for
  * it (the bound given there), then reports the membership it joined; take the state of membership->source
  * (ddp_broadcast, or ddp_broadcast_params) and go on from membership->committed iterations. The job
@@ -729,25 +808,38 @@ DDP_API ddp_status_t ddp_recover(ddp_t ddp, ddp_membership_t* membership, int* m
  * across the ranks, in place, with `op`: the loss, metrics, token counts. Every rank gets the same
  * bits (floats are summed in rank order, in the type's own precision; 16-bit types in fp32 math).
  * Over the context's control channel, whatever the comm (NCCL included); bounded by timeout_ms. For
- * small buffers (each rank's buffer travels to every rank): grads go through the buckets. Integers:
- * an average is exact (summed in 128 bits, divided rounding toward zero); a sum that overflows the
- * type wraps around (two's complement). `buf` aligned to its dtype. Ranks that pass a different
- * count, dtype or op, or make another collective call, all get DDP_ERR_MISMATCH naming both calls.
- * Not inside a backward pass. Collective. */
+ * small buffers (each rank's buffer travels to every rank): count x element size x world at most 2^31
+ * bytes (DDP_ERR_INVALID_ARGUMENT beyond); grads go through the buckets. Integers: an average is
+ * exact (summed in 128 bits, divided rounding toward zero); a sum that overflows the type wraps
+ * around (two's complement). DDP_OP_AVG divides by the world size whatever config.uneven_inputs says;
+ * a NaN anywhere makes DDP_OP_MAX and DDP_OP_MIN NaN. `buf` is host memory on every comm (on NCCL,
+ * copy a device value out first), aligned to its dtype, used during the call only; `count` 0 is
+ * allowed (`buf` may then be NULL) and the ranks still meet. Ranks that pass a different count, dtype
+ * or op, or make another collective call, all get DDP_ERR_MISMATCH naming both calls. Leaves
+ * registration open. Not inside a backward pass, nor while some rank is in ddp_join. Collective. */
 DDP_API ddp_status_t ddp_allreduce_host(ddp_t ddp, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op);
 
-/* Returns when every rank has called it (bounded by timeout_ms). Not inside a backward pass.
- * Collective. */
+/* Returns when every rank has called it (bounded by timeout_ms). Ranks that make another collective
+ * call all get DDP_ERR_MISMATCH. Leaves registration open. Not inside a backward pass, nor while some
+ * rank is in ddp_join. Collective. */
 DDP_API ddp_status_t ddp_barrier(ddp_t ddp);
 
 /* Communication hooks: a bucket handed to the caller's function instead of the library's allreduce. */
 typedef struct ddp_hook_bucket {
-  size_t size;        /* sizeof(ddp_hook_bucket_t) as the library knows it; fields are only appended */
+  /* sizeof(ddp_hook_bucket_t) as the library knows it; fields are only appended: a hook checks it
+   * before reading a field the library may not have. */
+  size_t size;
   int bucket;         /* the bucket's index in the plan */
   int stream_index;   /* the bucket stream it runs on */
   uint64_t iteration; /* synced iterations before this one */
-  void* buffer;       /* `count` elements of `dtype`, in the comm's memory kind, reduced in place */
+  /* `count` elements of `dtype`, in the comm's memory kind, reduced in place; grads never marked ready
+   * are zeros in it. In the arena layout, for a bucket that travels in its grads' own type, it is the
+   * bucket's arena storage itself; otherwise a library buffer the grads are packed into and unpacked
+   * from. */
+  void* buffer;
   size_t count;
+  /* The type the bucket travels in: the grads' type, or f32 for 16-bit grads on host memory or with
+   * allreduce_always_fp32. */
   ddp_dtype_t dtype;
   void* stream;    /* GPU: the cudaStream_t to enqueue on; host: NULL (the call itself does the work) */
   ddp_comm_t comm; /* the bucket stream's communicator, valid during the call: for ddp_comm_allreduce */
@@ -761,41 +853,48 @@ typedef struct ddp_hook_bucket {
  * reduced gradient, with no averaging applied after it (gradient_average and
  * gradient_predivide_factor are ignored while a hook is set). So a hook that averages, as torch's
  * default hooks do, calls ddp_comm_allreduce with DDP_OP_AVG; one that calls DDP_OP_SUM leaves the
- * sum. It runs on the bucket's worker thread (host) or the thread that launched the bucket (GPU), for
- * every bucket of every synced iteration, in plan order on each stream, on every rank; it must issue
- * the same collectives on every rank. It may call ddp_comm_allreduce on bucket->comm, and no other
- * libddp function of this context: any other call on the context (ddp_get_stats, ddp_destroy, ...)
- * returns DDP_ERR_INVALID_STATE ("called from inside this context's comm hook (bucket B): ...") at
- * once. On host memory a hook still running timeout_ms after its bucket started is written off like
- * a stalled collective: ddp_finish_backward returns DDP_ERR_TIMEOUT and the context aborts; when
- * the hook returns, its thread stops for good, so after that it must not use bucket->buffer or
- * bucket->comm. A status other than DDP_SUCCESS fails the bucket as a failed collective does, and
- * the context aborts:
- * ddp_finish_backward returns DDP_ERR_TIMEOUT for a hook's timeout, DDP_ERR_ABORTED otherwise, with
- * the message "comm hook returned S (text) for bucket B: <the hook thread's ddp_last_error()>" (on
- * GPUs the call that launched the bucket, ddp_grad_ready for one, returns that error first). */
+ * sum. It runs for every bucket of every synced iteration (and of ddp_reduce_all, and of the
+ * iterations a joined rank shadows), in plan order on each stream, on every rank: on host memory on
+ * the bucket stream's worker thread (with num_streams > 1, hooks of different streams run at the same
+ * time: state shared through user_data needs its own lock), on GPUs on the thread that launches the
+ * bucket, while the library holds the context's lock. It must issue the same collectives on every
+ * rank. It may call ddp_comm_allreduce on bucket->comm (and on communicators of its own),
+ * ddp_last_error and ddp_status_string, and no other libddp function of this context: any other call
+ * on the context (ddp_get_stats, ddp_destroy, ...) returns DDP_ERR_INVALID_STATE ("called from inside
+ * this context's comm hook (bucket B): ...") at once. On host memory a hook still running timeout_ms
+ * after its bucket started is written off like a stalled collective: ddp_finish_backward returns
+ * DDP_ERR_TIMEOUT and the context aborts; when the hook returns, its thread stops for good, so after
+ * that it must not use bucket->buffer or bucket->comm. A status other than DDP_SUCCESS fails the
+ * bucket as a failed collective does, and the context aborts: ddp_finish_backward returns
+ * DDP_ERR_TIMEOUT for a hook's timeout, DDP_ERR_ABORTED otherwise, with the message "comm hook
+ * returned S (text) for bucket B: <the hook thread's ddp_last_error()>" (on GPUs the call that
+ * launched the bucket, ddp_grad_ready for one, returns that error first). The library cannot check
+ * the values a hook leaves: one that returns success without summing gives wrong grads. */
 typedef ddp_status_t (*ddp_comm_hook_fn)(const ddp_hook_bucket_t* bucket, void* user_data);
 
-/* Sets the comm hook (NULL: the library's allreduce again) and its `user_data`. With a hook set the
- * library applies no scaling (neither gradient_predivide_factor nor the averaging): the hook's result
- * is the gradient (see ddp_comm_hook_fn). Before the first
- * backward pass (while registration is open); every rank must set one, or none: when registration
- * closes (ddp_commit or the first backward) ranks that disagree all get DDP_ERR_MISMATCH, naming the
- * ranks that set one and those that did not, and the context aborts. Buckets with a hook are always
- * packed into one buffer and handed over whole. Not with config.shard or config.compression
- * (DDP_ERR_INVALID_STATE). */
+/* Sets the comm hook (NULL: the library's allreduce again) and its `user_data` (borrowed: it must
+ * outlive the context). With a hook set the library applies no scaling (neither
+ * gradient_predivide_factor nor the averaging): the hook's result is the gradient (see
+ * ddp_comm_hook_fn). Before the first backward pass (while registration is open); every rank must set
+ * one, or none: when registration closes (ddp_commit or the first backward) ranks that disagree all
+ * get DDP_ERR_MISMATCH, naming the ranks that set one and those that did not, and the context aborts.
+ * Buckets with a hook are always packed into one buffer and handed over whole: no pieces
+ * (host_piece_bytes), no grads reduced in place, no grouping of buckets into one launch. Not with
+ * config.shard or config.compression (DDP_ERR_INVALID_STATE). */
 DDP_API ddp_status_t ddp_set_comm_hook(ddp_t ddp, ddp_comm_hook_fn hook, void* user_data);
 
 /* In-place allreduce on a communicator: `count` elements of a float `dtype` in the comm's memory kind
  * (host memory: synchronous; NCCL: enqueued on `stream`, a cudaStream_t). For comm hooks, on
  * bucket->comm; also on any host comm outside a context (device memory outside a hook is
- * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by
- * the world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit types in fp32
- * math, rounding after each addition. Bounded by the context's timeout_ms inside a hook, by DDP_INIT_TIMEOUT_MS
- * (default 300000 ms) outside. `buf` aligned to its dtype. On host comms every rank passes the same
- * count, dtype and op, or all get DDP_ERR_MISMATCH naming each side (one small exchange first, where
- * the comm does not compare them itself as a local group does); NCCL comms do not compare them (the
- * data stays on the stream): a difference there is a bucket that times out. Collective. */
+ * DDP_ERR_UNSUPPORTED: use NCCL on your own stream). `op` is DDP_OP_SUM or DDP_OP_AVG (divides by the
+ * world size; every host comm, self and local ones included, sums then scales). Host comms sum 16-bit
+ * types in fp32 math, rounding after each addition. Bounded inside a hook by the bucket's deadline
+ * (timeout_ms from the bucket's start), outside by DDP_INIT_TIMEOUT_MS (default 300000 ms). `count` 0
+ * returns at once. Calls on one communicator must not overlap (one thread at a time per
+ * communicator). `buf` aligned to its dtype. On host comms every rank passes the same count, dtype
+ * and op, or all get DDP_ERR_MISMATCH naming each side (one small exchange first, where the comm does
+ * not compare them itself as a local group does); NCCL comms do not compare them (the data stays on
+ * the stream): a difference there is a bucket that times out. Collective. */
 DDP_API ddp_status_t ddp_comm_allreduce(ddp_comm_t comm, void* buf, size_t count, ddp_dtype_t dtype, ddp_op_t op,
                                         void* stream);
 
@@ -813,10 +912,10 @@ typedef struct ddp_stats {
    * type. It does not change with the world size, nor with what a hook sends: bytes_sent and
    * bytes_received say what travelled. */
   uint64_t bytes_reduced;
-  uint64_t comm_time_ns;      /* summed over buckets: launch to completion */
+  uint64_t comm_time_ns;      /* summed over buckets: launch to completion (host memory; 0 on GPUs) */
   uint64_t exposed_time_ns;   /* summed over iterations: time ddp_finish_backward and ddp_wait_grad waited */
   uint64_t last_exposed_ns;   /* that time in the last iteration */
-  uint64_t library_bytes;     /* memory held by the library beyond user-owned grads (arena included) */
+  uint64_t library_bytes;     /* memory held by the library beyond user-owned grads (arenas included) */
   uint64_t arena_bytes;       /* of which grad storage in the arena layout */
   uint64_t nonfinite_buckets; /* with check_finite: buckets that held NaN or Inf after reduction */
   uint64_t layout_epoch;      /* times arena storage moved (see ddp_grad_ptr) */
@@ -845,7 +944,8 @@ typedef struct ddp_stats {
    * (compute: a slow backward), late to start its last bucket's collective beyond that (wire: its
    * stream's worker behind). The times travel with the unused-grad report of the default
    * DDP_UNUSED_ERROR policy; under DDP_UNUSED_ZERO nothing is exchanged after the buckets and
-   * nobody is named (straggler_rank stays -1). */
+   * nobody is named (straggler_rank stays -1), except in elastic contexts, which always make that
+   * exchange. The three fields below are the same on every rank. */
   int straggler_rank;  /* the last synced iteration's latest rank, if at least 2 ms late; -1: none */
   int straggler_kind;  /* ddp_late_t: why it was late; DDP_LATE_NONE when straggler_rank is -1 */
   double straggler_ms; /* how late it was (ms) */
@@ -901,7 +1001,9 @@ DDP_API ddp_status_t ddp_get_bucket(ddp_t ddp, int bucket, ddp_bucket_info_t* in
  * scaled grads (as an unsharded context's grads would); the rest of the bucket holds unspecified
  * values (partial sums): read only the shard, and zero the grads before accumulating the next
  * iteration's (as one does anyway). No-sync iterations accumulate whole local grads as usual.
- * Every call below is DDP_ERR_INVALID_STATE on a context that is not sharded.
+ * check_finite counts the buckets whose shard on this rank held NaN or Inf (ddp_shard_norm gives the
+ * global count). Every call below is DDP_ERR_INVALID_STATE on a context that is not sharded ("this
+ * call needs a sharded context ...").
  * --------------------------------------------------------------------------------------------- */
 
 /* This rank's shard of one bucket. A versioned struct, like ddp_bucket_info_t: set `size` to
@@ -939,13 +1041,16 @@ DDP_API ddp_status_t ddp_broadcast_params(ddp_t ddp, int root, void* stream);
  * layers' parameters when grads were registered in forward order), the same on every rank. GPU: the
  * gathers start after `stream`'s work so far (the optimizer's update). Allowed once after each
  * reduction (ddp_finish_backward of a synced iteration, ddp_reduce_all) and before any; not inside a
- * backward pass; DDP_ERR_INVALID_STATE otherwise, saying why. Collective. */
+ * backward pass; after a backward pass with sync off only once a synced one followed.
+ * DDP_ERR_INVALID_STATE otherwise, saying why ("... already gathered since the last reduction", "the
+ * shards are not final ..."). Collective. */
 DDP_API ddp_status_t ddp_gather_params(ddp_t ddp, void* stream);
 
 /* Waits for the gather of the bucket that holds parameter `index` (-1: every bucket): host memory
  * returns once it is complete; GPU makes `stream` wait for it (no host sync). So a forward pass can
  * use its first layers while later buckets still travel (Megatron's overlap_param_gather).
- * DDP_ERR_INVALID_STATE if no gather was launched since the last reduction. Errors of the gather
+ * DDP_ERR_INVALID_STATE ("no parameter gather was launched since the last reduction ...") if none
+ * was. Errors of the gather
  * (timeouts) surface here, or at the next call that waits. */
 DDP_API ddp_status_t ddp_wait_params(ddp_t ddp, int index, void* stream);
 
@@ -960,7 +1065,10 @@ DDP_API ddp_status_t ddp_shard_norm(ddp_t ddp, void* stream, double* norm, uint6
  * become invalid) and its communicator duplicates. Accepts NULL. Not collective. An elastic rank
  * says in the store that it left (a second at most); when every rank of the membership it held has
  * left, the job has ended, and a joiner still waiting to be admitted is told so at once (see
- * ddp_recover). */
+ * ddp_recover); over a store that outlives the ranks, so is one that asks later, until a new elastic
+ * context is made over that store. One rank that leaves while the others go on does not end the job;
+ * a job that lost a rank and ends without recovering never marks its end (its joiners wait out their
+ * bound). */
 DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
 
 /* ------------------------------------------------------------------------------------------------
@@ -970,6 +1078,12 @@ DDP_API ddp_status_t ddp_destroy(ddp_t ddp);
  * and when the learned plan is adopted and, every DDP_DEBUG_EVERY iterations (default 100), a
  * one-line summary; DDP_DEBUG=OFF (or NONE) silences the default's warnings too (the callback, if
  * set, still gets them); WARN is the default. Any case; another value warns once and means WARN.
+ * The stall inspector: a timeout's message (and a stall warning) names the ranks that did not answer,
+ * those behind this rank, and where every rank that answers stands (iteration, call, buckets launched
+ * and reduced). Each context answers these questions in the background while it lives (on MPI over a
+ * communicator of its own, polled every 2 ms; the asking rank waits at most 500 ms). Not over an NCCL
+ * communicator made without MPI or Gloo (ddp_comm_init_nccl, ddp_comm_wrap_nccl): the message says
+ * so.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum ddp_log_level { DDP_LOG_WARN = 1, DDP_LOG_INFO = 2 } ddp_log_level_t;
 
