@@ -62,18 +62,29 @@ struct GlooWorld {
 };
 
 // Gloo's store interface over ours: keys under a prefix, waits bounded by the creation's deadline;
-// remembers the keys this rank set, to erase them once every rank has read them.
+// remembers the keys this rank set, to erase them once every rank has read them. A creation over an
+// elastic membership also ends as soon as a member gives up on it (`abandoned`, set by
+// mark_abandoned): its keys would never come, and the others would wait out the deadline while it
+// went on to the next attempt without them.
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(ddp::Store& s, std::string prefix, Deadline dl) : s_(s), prefix_(std::move(prefix)), dl_(dl) {}
+  StoreAdapter(ddp::Store& s, std::string prefix, Deadline dl, std::string abandoned)
+      : s_(s), prefix_(std::move(prefix)), dl_(dl), abandoned_(std::move(abandoned)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     s_.set(prefix_ + key, data, dl_);
     mine_.push_back(prefix_ + key);
   }
-  std::vector<char> get(const std::string& key) override { return s_.get(prefix_ + key, dl_, who(key)); }
+  std::vector<char> get(const std::string& key) override {
+    if (!abandoned_.empty()) return watched({prefix_ + key}).front();
+    return s_.get(prefix_ + key, dl_, who(key));
+  }
   void wait(const std::vector<std::string>& keys) override {
     std::vector<std::string> mine;
     for (const std::string& k : keys) mine.push_back(prefix_ + k);
+    if (!abandoned_.empty()) {
+      watched(mine);
+      return;
+    }
     s_.wait(mine, dl_, [](const std::string& k) { return who(k); });  // one request, no values
   }
   void wait(const std::vector<std::string>& keys, const Ms&) override { wait(keys); }
@@ -87,11 +98,40 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     const size_t i = key.find_last_not_of("0123456789");
     return i + 1 < key.size() ? "rank " + key.substr(i + 1) : "a rank";
   }
+  // The values of `keys` once all are set; fails when a member gives up on the creation first.
+  std::vector<std::vector<char>> watched(const std::vector<std::string>& keys) {
+    std::vector<std::string> all(keys);
+    all.push_back(abandoned_);
+    std::vector<ddp::Store::Seen> seen(all.size());
+    for (;;) {
+      if (seen.back().set)
+        fail(DDP_ERR_ABORTED, "%s gave up on this membership (a member was lost while it was being formed)",
+             std::string(seen.back().value.begin(), seen.back().value.end()).c_str());
+      size_t missing = 0;
+      while (missing < keys.size() && seen[missing].set) ++missing;
+      if (missing == keys.size()) break;
+      if (!s_.watch(all, &seen, dl_)) s_.get(keys[missing], dl_, who(keys[missing]));  // (throws its timeout)
+    }
+    std::vector<std::vector<char>> values;
+    for (size_t i = 0; i < keys.size(); ++i) values.push_back(std::move(seen[i].value));
+    return values;
+  }
   ddp::Store& s_;
   std::string prefix_;
   Deadline dl_;
+  std::string abandoned_;
   std::vector<std::string> mine_;
 };
+
+// Tells the other members of an elastic membership that this rank gave up on it (see StoreAdapter):
+// best effort, a second at most (the store may be what failed).
+void mark_abandoned(ddp::Store& store, const std::string& abandoned, const std::string& who) {
+  if (abandoned.empty()) return;
+  try {
+    store.set(abandoned, std::vector<char>(who.begin(), who.end()), Deadline::after_ms(1000));
+  } catch (...) {
+  }
+}
 
 // Runs a Gloo call, turning its exceptions into ours (rethrow_gloo_failure). A write to a dead peer
 // fails instead of raising SIGPIPE (host/sigpipe.hpp); Gloo's event loop, started by the device's
@@ -108,22 +148,75 @@ void gloo_call(int rank, int size, const std::string& what, F&& f) {
   }
 }
 
-// A full mesh among `size` ranks of the world (all of them, or the survivors of an elastic recovery,
-// renumbered) under the store prefix `key`.
-std::shared_ptr<gloo::Context> connect_context(GlooWorld& w, const std::string& key, Deadline dl, int rank, int size) {
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  // Gloo waits five times the context's timeout for a pair's first connection (a peer that died in
-  // the rendezvous): a fifth of what is left, so that the whole creation ends within `dl`.
-  ctx->setTimeout(Ms(std::max<int64_t>(1, tcp::ms_left(dl, kForeverMs) / 5)));
-  StoreAdapter adapter(*w.rv.store, key + "/", dl);
-  gloo_call(rank, size, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
+// Gloo's mesh and a first barrier over it.
+void connect_mesh(GlooWorld& w, const std::shared_ptr<gloo::rendezvous::Context>& ctx, StoreAdapter& adapter,
+                  Deadline dl) {
+  gloo_call(ctx->rank, ctx->size, "connection of the ranks' mesh (" + w.rv.describe + ")", [&] {
     ctx->connectFullMesh(adapter, w.device);
     gloo::BarrierOptions b(ctx);
     b.setTimeout(left(dl));
     gloo::barrier(b);
   });
-  adapter.erase_mine();  // after the barrier every rank has read them
-  if (!w.settled.exchange(true)) settle_rendezvous(w.rv);
+}
+
+// An elastic membership's mesh, given up as soon as a member gives up on it. Gloo's wait for a peer's
+// first connection cannot be interrupted (a member that died after it published its address leaves
+// the others waiting to the deadline, while the member that saw the refusal goes on to the next
+// attempt without them): the mesh is made on a thread of its own, and this one watches the store for
+// the mark. A mesh given up on is left to its thread, which ends at the deadline.
+void connect_mesh_abandonable(const std::shared_ptr<GlooWorld>& w, const std::shared_ptr<gloo::rendezvous::Context>& ctx,
+                              const std::shared_ptr<StoreAdapter>& adapter, const std::string& abandoned, Deadline dl) {
+  struct Outcome {
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+  };
+  auto out = std::make_shared<Outcome>();
+  std::thread([w, ctx, adapter, out, dl] {
+    try {
+      connect_mesh(*w, ctx, *adapter, dl);
+    } catch (...) {
+      out->error = std::current_exception();
+    }
+    out->done.store(true);
+    w->rv.store->interrupt();  // the watch below looks at `done` at once
+  }).detach();
+  std::vector<ddp::Store::Seen> seen(1);
+  while (!out->done.load()) {
+    bool changed = false;
+    try {
+      changed = w->rv.store->watch({abandoned}, &seen, dl, &out->done);
+    } catch (const Error&) {  // the store failed: the mesh's own waits say so
+    }
+    if (changed && seen[0].set) {
+      host::keep_until_exit(ctx);
+      fail(DDP_ERR_ABORTED, "%s gave up on this membership (a member was lost while it was being formed)",
+           std::string(seen[0].value.begin(), seen[0].value.end()).c_str());
+    }
+    if (!changed && !out->done.load()) std::this_thread::sleep_for(Ms(10));  // past the deadline: Gloo's own end
+  }
+  if (out->error) std::rethrow_exception(out->error);
+}
+
+// A full mesh among `size` ranks of the world (all of them, or the survivors of an elastic recovery,
+// renumbered) under the store prefix `key`.
+std::shared_ptr<gloo::Context> connect_context(const std::shared_ptr<GlooWorld>& w, const std::string& key, Deadline dl,
+                                               int rank, int size, const std::string& abandoned) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  // Gloo waits five times the context's timeout for a pair's first connection (a peer that died in
+  // the rendezvous): a fifth of what is left, so that the whole creation ends within `dl`.
+  ctx->setTimeout(Ms(std::max<int64_t>(1, tcp::ms_left(dl, kForeverMs) / 5)));
+  auto adapter = std::make_shared<StoreAdapter>(*w->rv.store, key + "/", dl, abandoned);
+  try {
+    if (abandoned.empty())
+      connect_mesh(*w, ctx, *adapter, dl);
+    else
+      connect_mesh_abandonable(w, ctx, adapter, abandoned, dl);
+  } catch (const Error&) {
+    mark_abandoned(*w->rv.store, abandoned, "rank " + std::to_string(rank) + " of the new membership");
+    throw;
+  }
+  adapter->erase_mine();  // after the barrier every rank has read them
+  if (!w->settled.exchange(true)) settle_rendezvous(w->rv);
   return ctx;
 }
 
@@ -361,11 +454,15 @@ class GlooComm final : public Comm {
   // Rank `rank` of `size`: the world's own numbers, or those of an elastic recovery's survivors.
   // `lineage`: the key of the communicator this one descends from (its own when empty), under which
   // replacements ask to join.
-  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl, int rank, int size, std::string lineage = "")
+  // `abandoned`: the store key by which a member of an elastic membership gives up on its creation
+  // (StoreAdapter), the same for its duplicates; none for the first world's.
+  GlooComm(std::shared_ptr<GlooWorld> w, std::string key, Deadline dl, int rank, int size, std::string lineage = "",
+           std::string abandoned = "")
       : world_(std::move(w)),
         key_(std::move(key)),
         lineage_(lineage.empty() ? key_ : std::move(lineage)),
-        ctx_(connect_context(*world_, key_, dl, rank, size)),
+        abandoned_(std::move(abandoned)),
+        ctx_(connect_context(world_, key_, dl, rank, size, abandoned_)),
         ring_(std::make_shared<host::RingBuffer>()),
         link_(std::make_shared<GlooRingLink>(*ctx_)) {
     link_->wire = wire_bytes();  // the ring counts its exchanges here
@@ -385,7 +482,7 @@ class GlooComm final : public Comm {
   Memory memory() const override { return Memory::Host; }
   std::unique_ptr<Comm> dup() override {
     return std::unique_ptr<Comm>(
-        new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(), size(), lineage_));
+        new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(), size(), lineage_, abandoned_));
   }
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override {
@@ -600,6 +697,7 @@ class GlooComm final : public Comm {
   std::shared_ptr<GlooWorld> world_;
   std::string key_;
   std::string lineage_;
+  std::string abandoned_;
   std::shared_ptr<gloo::Context> ctx_;
   std::shared_ptr<host::RingBuffer> ring_;
   std::shared_ptr<GlooRingLink> link_;
@@ -641,11 +739,19 @@ Regrouped GlooComm::regroup(const std::string& requested, int64_t committed,
                             const std::function<std::vector<Liveness>()>& answering, Deadline window, Deadline dl) {
   const std::string epoch = latest_attempt(requested, dl);
   const std::string base = key_ + ".e" + epoch;
-  const Agreed a = agree_membership(*world_->rv.store, base, epoch, rank(), size(), committed, answering, window, dl);
+  Agreed a;
+  try {
+    a = agree_membership(*world_->rv.store, base, epoch, rank(), size(), committed, answering, window, dl);
+  } catch (const Error& e) {
+    // A membership claimed after this rank gave up may hold it: its creation must not wait for it.
+    if (e.status() != DDP_ERR_RANK_LOST) mark_abandoned(*world_->rv.store, base + "/abandoned", "old rank " + std::to_string(rank()));
+    throw;
+  }
   Regrouped g;
   g.members = a.members;
   g.committed = a.committed;
-  g.comm.reset(new GlooComm(world_, base + ".c", dl, a.me, static_cast<int>(a.members.size()), lineage_));
+  g.comm.reset(new GlooComm(world_, base + ".c", dl, a.me, static_cast<int>(a.members.size()), lineage_,
+                            base + "/abandoned"));
   return g;
 }
 
@@ -660,7 +766,7 @@ std::unique_ptr<Comm> GlooComm::admit(const std::string& name, const std::vector
     for (size_t i = 0; i < slots.size(); ++i)
       desk.answer(slots[i], JoinAnswer::admitted(key, size() + static_cast<int>(i), world, note));
   }
-  return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank(), world, lineage_));
+  return std::unique_ptr<Comm>(new GlooComm(world_, key, dl, rank(), world, lineage_, key + "/abandoned"));
 }
 
 // A joiner's communicator: the store of a running job and nothing else until the job admits it.
@@ -709,7 +815,8 @@ class GlooJoiningComm final : public Comm {
     // came (another joiner of the same admission died): this one then asks again rather than wait out
     // its own bound.
     const Deadline arrive = Deadline::earlier(dl, Deadline::after_ms(kJoinArriveMs + kJoinArriveSlackMs));
-    out.comm.reset(new GlooComm(world_, out.answer.meet, arrive, out.answer.rank, out.answer.world, lineage_));
+    out.comm.reset(new GlooComm(world_, out.answer.meet, arrive, out.answer.rank, out.answer.world, lineage_,
+                                out.answer.meet + "/abandoned"));
     return out;
   }
 
