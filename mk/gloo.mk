@@ -12,10 +12,11 @@ endif
 ifeq ($(HAVE_GLOO),1)
   GLOO_CFLAGS := $(if $(filter /usr,$(GLOO_HOME)),,-isystem $(GLOO_HOME)/include)
   GLOO_LIBS   := $(if $(filter /usr,$(GLOO_HOME)),,-L$(GLOO_HOME)/lib -Wl,-rpath,$(GLOO_HOME)/lib) -lgloo
-  LIB_CXX_SRCS += lib/backends/gloo/gloo_comm.cpp
+  GLOO_SRCS := $(sort $(wildcard lib/backends/gloo/*.cpp))
+  LIB_CXX_SRCS += $(GLOO_SRCS)
   LIB_LDLIBS += $(GLOO_LIBS)
   STATIC_LIBS += -lgloo
-$(BUILD)/obj/lib/backends/gloo/gloo_comm.o: CXXFLAGS_ALL += $(GLOO_CFLAGS)
+$(patsubst %.cpp,$(BUILD)/obj/%.o,$(GLOO_SRCS)): CXXFLAGS_ALL += $(GLOO_CFLAGS)
 else
   LIB_CXX_SRCS += lib/backends/stubs/gloo_stub.cpp
 endif

@@ -392,6 +392,11 @@ class Comm {
   // than at its timeout (a rank that lost a peer severs, and the loss spreads through the world in
   // one hop). After it, the communicator is unusable.
   virtual void sever() { abort(); }
+  // This rank gives up on the membership this communicator was made for, while it is still being
+  // formed (the recovery or admission failed here): sever, and tell the other members, whose waits
+  // on this rank in its formation then end too (Gloo: their waits in the store). Default: nothing
+  // (only Gloo forms elastic memberships).
+  virtual void give_up() {}
   // Before the buffers of a failed context go away: stops the transport from touching memory that an
   // exchange posted before a failure still refers to (Gloo closes the connections of a communicator
   // whose exchange failed: a send posted there goes out on Gloo's own thread when the peer's receive

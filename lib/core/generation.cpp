@@ -110,6 +110,11 @@ void Generation::sever() {
   if (bcast_) bcast_->sever();
 }
 
+void Generation::give_up() {
+  sever();
+  if (owned_) owned_->give_up();  // (the first generation's is the caller's, never given up)
+}
+
 std::function<void()> Generation::severer() const {
   std::vector<std::function<void()>> cut;
   for (Comm* c : comms_) cut.push_back(c->severer());

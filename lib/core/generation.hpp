@@ -83,6 +83,9 @@ class Generation {
 
   // Every peer blocked on this rank fails now, rather than at its timeout (a loss).
   void sever();
+  // This rank gives up on this generation's membership, which failed to stand up here: sever, and
+  // the other members' waits in its formation end too (Comm::give_up).
+  void give_up();
   // A severer of every communicator, callable from any thread after they are gone (a failed bucket's
   // worker spreads a loss with it).
   std::function<void()> severer() const;

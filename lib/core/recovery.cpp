@@ -29,8 +29,9 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
   gen_->drain(Deadline::after_ms(t > 0 ? std::min<int64_t>(t, 10000) : 10000));
   // Ranks alive but late are waited for up to timeout_ms; the whole agreement ends within twice that.
   const Deadline dl = membership_deadline(t);
+  const Generation* held = gen_.get();
+  Regrouped g;
   try {
-    Regrouped g;
     try {
       g = agree_members(*gen_, book_.next_attempt(), static_cast<int64_t>(pass_.iterations), Deadline::after_ms(t), dl);
     } catch (const Error& e) {
@@ -46,6 +47,12 @@ void Context::recover(ddp_membership_t* out, int* members, size_t capacity) {
     health_.lost = false;
     settle_membership(book_.held_rank, book_.held_world, book_.held_numbers, g.committed, out, members, capacity);
   } catch (const Error& e) {
+    // The members of the membership this rank gives up on stop waiting for it (each goes on to the
+    // next attempt at once, rather than at its own deadline, and finds the others there).
+    if (gen_.get() != held)
+      gen_->give_up();
+    else if (g.comm)
+      g.comm->give_up();
     // A member of the new world lost on the way (its connection closed, NCCL's creation failed for
     // it): one more change, which the next ddp_recover makes. Refusals and a rank left out stay.
     if (e.status() != DDP_ERR_ABORTED && e.status() != DDP_ERR_NCCL) throw;

@@ -138,6 +138,7 @@ void StoreServer::Impl::run() {
       accepting = true;
       watch_fd(EPOLL_CTL_ADD, listener.fd(), EPOLLIN, kListener);
     }
+    wakeups = table.wakeups();  // (before the answers go out: a client that has one sees its count)
     for (uint64_t tag : dirty) {
       auto it = conns.find(tag);
       if (it != conns.end() && !it->second.closing) flush(tag, it->second);
@@ -145,7 +146,6 @@ void StoreServer::Impl::run() {
     dirty.clear();
     for (uint64_t tag : closing) close_conn(tag);
     closing.clear();
-    wakeups = table.wakeups();
   }
 }
 
