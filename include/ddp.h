@@ -301,7 +301,12 @@ DDP_API ddp_status_t ddp_comm_init_mpi(const void* mpi_comm, ddp_comm_t* comm);
  * on every rank. While ranks are missing, rank 0 warns every DDP_INIT_PROGRESS_MS (default 5000).
  * DDP_ERR_INVALID_ARGUMENT at once for a malformed method, a missing variable, or a port
  * (MASTER_PORT, DDP_STORE_PORT, tcp://) outside 1..65535, MASTER_PORT 65535 included when the store
- * takes MASTER_PORT + 1; DDP_ERR_UNSUPPORTED in a build without Gloo. */
+ * takes MASTER_PORT + 1; DDP_ERR_UNSUPPORTED in a build without Gloo. Before any connection, the
+ * connections a context over this world will hold (about 4 per other rank) are checked against the
+ * process's open-file limit (a soft limit below the hard one is raised, said in the log) and against
+ * the kernel's port range shared by the ranks of this host (LOCAL_WORLD_SIZE or the launcher's
+ * equivalent): DDP_ERR_UNSUPPORTED at once where they do not fit, giving the numbers and the command
+ * that fixes it (ulimit -n, net.ipv4.ip_local_port_range). */
 DDP_API ddp_status_t ddp_comm_init_gloo(const char* init_method, int rank, int size, ddp_comm_t* comm);
 /* As ddp_comm_init_gloo, with the bound given: `timeout_ms` milliseconds, 0 to wait forever; the
  * whole creation (rendezvous, connections, first barrier) ends within it. Every duration argument of

@@ -26,6 +26,7 @@ class MarkedStore final : public Store {
     return inner_.try_get(key, out, dl);
   }
   void erase(const std::string& key) override { inner_.erase(key); }
+  using Store::get_many;
   std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys, Deadline dl, const Who& who) override;
   void wait(const std::vector<std::string>& keys, Deadline dl, const Who& who) override { get_many(keys, dl, who); }
   bool watch(const std::vector<std::string>& keys, std::vector<Seen>* seen, Deadline dl,

@@ -8,7 +8,9 @@
 #include <doctest.h>
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -752,4 +754,35 @@ TEST_CASE("elastic joins: two joiners grow a job of two to four") {
   for (const std::string& e : errors) MESSAGE(e);
   CHECK(errors.empty());
   for (int r = 1; r < 4; ++r) CHECK(finals[static_cast<size_t>(r)] == finals[0]);
+}
+
+// A world larger than the open-file limit allows is refused before any connection is made, with the
+// numbers and the fix, rather than failing half way through its meshes (host/limits.hpp).
+TEST_CASE(
+    "gloo: a world that needs more open files than the process may hold is refused at once, saying how to fix it") {
+  if (!have_gloo()) return;
+  char d[] = "/tmp/ddp_limits_XXXXXX";
+  REQUIRE(mkdtemp(d));
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    struct rlimit r;
+    r.rlim_cur = r.rlim_max = 128;
+    if (::setrlimit(RLIMIT_NOFILE, &r) != 0) ::_exit(3);
+    ddp_comm_t c = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ddp_status_t s = ddp_comm_init_gloo_timeout((std::string("file://") + d).c_str(), 3, 256, 20000, &c);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = ddp_last_error();
+    const bool named = msg.find("a world of 256 ranks") != std::string::npos &&
+                       msg.find("limit is 128 (hard limit 128)") != std::string::npos &&
+                       msg.find("ulimit -n") != std::string::npos;
+    if (s != DDP_ERR_UNSUPPORTED) ::_exit(4);
+    ::_exit(!named ? 5 : secs > 2.0 ? 6 : 0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::system((std::string("rm -rf ") + d).c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

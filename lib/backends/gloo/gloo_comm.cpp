@@ -10,6 +10,7 @@
 
 #include "backends/gloo/gloo_mesh.hpp"
 #include "host/host_kernels.hpp"
+#include "host/limits.hpp"
 #include "host/marked_store.hpp"
 #include "host/probe.hpp"
 
@@ -27,6 +28,15 @@ std::unique_ptr<Prober> GlooComm::make_prober(std::function<Position()> mine) {
   MarkedStore store(*world_->rv.store, abandoned_);  // (an elastic membership's members give up together)
   return make_socket_prober(abandoned_.empty() ? *world_->rv.store : store, key_ + ".probe" + std::to_string(++dups_),
                             rank(), size(), world_->rv.host, std::move(mine), dl, [&] { barrier(dl); });
+}
+
+// Another mesh over the same ranks, under a key of its own; checked against the open-file limit as
+// the first was (a context duplicates its communicator for each stream).
+std::unique_ptr<Comm> GlooComm::dup() {
+  host::ensure_socket_room(size() - 1, host::ranks_on_this_host(), 4L * (size() - 1) + 8,
+                           format("Gloo: a duplicate communicator over a world of %d ranks", size()));
+  return std::unique_ptr<Comm>(new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(),
+                                            size(), lineage_, abandoned_));
 }
 
 void GlooComm::give_up() {
@@ -138,9 +148,24 @@ void GlooComm::barrier(Deadline dl) {
   });
 }
 
+namespace {
+
+// Before connections are made: the open files and ports that a context over a world of `size`
+// needs (this communicator's mesh, and the control, broadcast and stream communicators duplicated
+// from it, each a mesh of its own), or a refusal that gives the numbers and the fix.
+void ensure_room_for(int size) {
+  if (size <= 1) return;
+  const long per_rank = 4L * (size - 1) + 8;
+  host::ensure_socket_room(per_rank, host::ranks_on_this_host(), per_rank, format("Gloo: a world of %d ranks", size));
+}
+
+}  // namespace
+
 std::unique_ptr<Comm> make_gloo_comm(const char* init_method, int rank, int size, int64_t timeout_ms) {
   const Deadline dl = Deadline::after_ms(timeout_ms);
+  if (size > 0) ensure_room_for(size);
   std::shared_ptr<GlooWorld> w = open_world(init_method, rank, size, timeout_ms, dl);
+  if (size <= 0) ensure_room_for(w->rv.size);  // (the size the environment gave)
   const int n = w->comms++;
   return std::unique_ptr<Comm>(new GlooComm(w, "c" + std::to_string(n), dl, w->rv.rank, w->rv.size));
 }

@@ -55,10 +55,7 @@ class GlooComm final : public Comm {
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
   Memory memory() const override { return Memory::Host; }
-  std::unique_ptr<Comm> dup() override {
-    return std::unique_ptr<Comm>(new GlooComm(world_, key_ + "." + std::to_string(++dups_), init_deadline(), rank(),
-                                              size(), lineage_, abandoned_));
-  }
+  std::unique_ptr<Comm> dup() override;
   std::unique_ptr<Device> make_device() override { return std::unique_ptr<Device>(new HostDevice()); }
   std::unique_ptr<Prober> make_prober(std::function<Position()> mine) override;
   bool supports_wire(Dtype d) const override { return !is_16bit(d); }
