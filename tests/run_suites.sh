@@ -5,6 +5,12 @@
 # "[doctest] test cases: T | P passed | F failed | S skipped". A suite that ends without one, or exits
 # non-zero with no failure counted, counts as one failure.
 make_cmd=$1; shift
+# A suite's binaries are built on every core (the suites themselves still run one at a time, each
+# make given one suite); a make that has its own jobs (make -jN test) shares them instead.
+case " ${MAKEFLAGS:-} " in
+  *jobserver* | *" -j"*) ;;
+  *) make_cmd="$make_cmd -j$(nproc 2>/dev/null || echo 2)" ;;
+esac
 BUILD=${BUILD:-build}; mkdir -p "$BUILD/logs"
 tp=0; tf=0; ts=0; bad=()
 for s in "$@"; do

@@ -4,6 +4,9 @@
 // inspector's ask tells a stopped process (its port accepts, nothing answers) from a gone one.
 #include <doctest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -24,7 +27,7 @@ int connectable_free_port() {
     const int port = ddp_test::free_port() + 1;
     bool refused = false;
     ddp::tcp::Socket s = ddp::tcp::try_connect("127.0.0.1", port, ddp::Deadline::after_ms(1000), &refused);
-    if (port > 1 && port < 65536 && !s.valid() && refused) return port;
+    if (port > 1 && port < 65536 && !s.valid() && refused && ddp_test::sockets_holding(port) == 0) return port;
   }
   return 0;
 }
@@ -48,8 +51,18 @@ TEST_CASE("tcp: a client retrying a port nobody listens on never connects to its
   INFO("port " << port << ", " << attempts << " attempts");
   CHECK(connected == 0);
   CHECK(not_refused == 0);
-  // The port is free for the listener that comes later, and a client reaches it.
-  tcp::Socket listener = tcp::listen_on(port, "test listener");
+  // The port is free for the listener that comes later, and a client reaches it; unless another
+  // connection took it as its local port meanwhile (connect() may take any port of the range, and the
+  // attempts above cannot leave one: every one was refused), which is no defect of the guard.
+  tcp::Socket listener;
+  try {
+    listener = tcp::listen_on(port, "test listener");
+  } catch (const Error& e) {
+    INFO("error: " << e.what());
+    REQUIRE(ddp_test::sockets_holding(port) > 0);
+    MESSAGE("port " << port << " became another connection's own port during the test; listener part left out");
+    return;
+  }
   CHECK(tcp::bound_port(listener) == port);
   tcp::Socket c = tcp::connect_to("127.0.0.1", port, Deadline::after_ms(5000), "test client");
   tcp::Socket a = tcp::accept_within(listener, 5000);
@@ -116,4 +129,39 @@ TEST_CASE("peer watch: a port that accepts but never answers is a stopped proces
   const Position gone = ask_rank("127.0.0.1", port, 2, Deadline::after_ms(300));
   CHECK(gone.iteration == -2);
   CHECK(liveness_of(gone) == Liveness::Gone);
+}
+
+TEST_CASE("test support: the sockets holding a port, this process's or another's, are counted") {
+  using namespace ddp;
+  tcp::Socket mine = tcp::listen_on(0, "this process's listener");
+  const int my_port = tcp::bound_port(mine);
+  int of_mine = -1;
+  CHECK(ddp_test::sockets_holding(my_port, &of_mine) >= 1);  // IPv4 and IPv6 tables may both list it
+  CHECK(of_mine == ddp_test::sockets_holding(my_port));
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const int their_port = ddp_test::free_port();
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // only system calls here: the child of a threaded process
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(their_port));
+    const char ok = (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0) ? 1 : 0;
+    (void)!::write(ready[1], &ok, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char ok = 0;
+  CHECK(::read(ready[0], &ok, 1) == 1);
+  CHECK(ok == 1);
+  CHECK(ddp_test::sockets_holding(their_port, &of_mine) == 1);
+  CHECK(of_mine == 0);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  CHECK(ddp_test::sockets_holding(their_port) == 0);
 }
