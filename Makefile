@@ -36,7 +36,8 @@
 ## Examples and benchmarks
 ##   examples        the example trainer; demo: it on DEMO_NP ranks (DEMO_ARGS: its options), with a timeline;
 ##                   demo-gpu: its grads in device memory over NCCL
-##   bench           the benchmarks: tables on stdout, raw numbers in $(BUILD)/bench/*.json
+##   bench           the benchmarks: tables on stdout, raw numbers in $(BUILD)/bench/*.json, figures in
+##                   $(BUILD)/bench/figures/*.svg (WORLD_SIZES: section 10's rank counts, "1 2 4 8")
 ## Knobs
 ##   CUDA=auto|0|1   the CUDA backend: auto when nvcc is under CUDA_HOME (default /usr/local/cuda)
 ##   NCCL_HOME       where nccl.h and libnccl are (default CUDA_HOME, then /usr/include); NVCC: nvcc

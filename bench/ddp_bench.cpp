@@ -7,6 +7,8 @@
 //   ddp_bench lastready OUTDIR [PC PA]     2+ ranks: last grad ready -> all reduced (vs PyTorch DDP);
 //                                          PC/PA: also with the backward paced to PC / PA ms (copy / arena)
 //   ddp_bench memory    OUTDIR copy|arena  2+ ranks: library bytes and peak RSS beyond the grads
+//   ddp_bench worldsize OUTDIR             any ranks: one iteration's cost at this world size, tiny and 16 MB,
+//                                          against MPI_Allreduce of the same bytes (run at each NP)
 //   ddp_bench sizes     -                  prints the gradient sizes, one a line
 //
 // Gradient sizes: bench/grad_sizes.hpp (~300 grads, ~100M f32 elements, shaped like a transformer).
@@ -459,6 +461,25 @@ int bench_overlap() {
     row.comm_ms = double(stats(m.ddp).comm_time_ns - comm0) / 1e6 / reps;
     ddp_destroy(m.ddp);
   }
+  {
+    // One more overlapped arena run with the timeline on, for the figure of buckets in flight against
+    // the backward (OUTDIR/overlap_timeline.rank<N>.json; its last iteration is drawn). Not timed above:
+    // the timeline's writes are not part of the rows.
+    const std::string path = g_out + "/overlap_timeline.json";
+    ddp_config_t cfg = config(DDP_LAYOUT_ARENA, msg);
+    cfg.timeline_path = path.c_str();
+    Model m = make_model(comm, cfg, sizes);
+    for (int r = 0; r < 2; ++r) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      check(ddp_begin_backward(m.ddp, nullptr), "begin");
+      for (int g = G - 1; g >= 0; --g) {
+        sleep_ns(compute_ns);
+        check(ddp_grad_ready(m.ddp, g), "ready");
+      }
+      check(ddp_finish_backward(m.ddp, nullptr), "finish");
+    }
+    ddp_destroy(m.ddp);
+  }
   ddp_comm_destroy(comm);
   if (g_rank == 0) {
     const double comp = median(compute_ms), lastr = median(last_ms), ideal = comp + lastr;
@@ -768,6 +789,74 @@ int bench_compressed() {
   return 0;
 }
 
+// ------------------------------------------------------------------------------------------------
+// 10. world size: one iteration's cost as ranks are added (bench/run.sh runs it at each NP). Two
+// gradient sets: tiny (8 grads of 256 f32: what the library's own work per iteration costs) and 16 MB
+// (16 grads of 256K f32 in buckets of 1M elements: bandwidth). The floor is what a user writes by
+// hand: a blocking MPI_Allreduce of the same bytes, in the same pieces.
+// ------------------------------------------------------------------------------------------------
+int bench_worldsize() {
+  struct Case {
+    const char* name;
+    std::vector<size_t> sizes;
+    size_t message_size;
+    int reps;
+    std::vector<double> libddp_ms, floor_ms;
+  };
+  std::vector<Case> cases = {{"tiny", std::vector<size_t>(8, 256), 1u << 20, 41, {}, {}},
+                             {"16 MB", std::vector<size_t>(16, 1u << 18), 1u << 20, 11, {}, {}}};
+  // The floors first, before libddp's communicator exists (its creation's connections and threads
+  // are not the floor's), each case warmed up three times.
+  for (Case& c : cases) {
+    size_t total = 0;
+    for (size_t n : c.sizes) total += n;
+    std::vector<float> flat(total, 1.0f);
+    for (int r = 0; r < c.reps + 3; ++r) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const uint64_t t0 = now_ns();
+      for (size_t off = 0; off < total; off += c.message_size) {
+        const size_t n = std::min(c.message_size, total - off);
+        MPI_Allreduce(MPI_IN_PLACE, flat.data() + off, int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      }
+      const double ms = max_over_ranks(double(now_ns() - t0) / 1e6);
+      if (r >= 3) c.floor_ms.push_back(ms);
+    }
+  }
+  ddp_comm_t comm = world_comm();
+  for (Case& c : cases) {
+    Model m = make_model(comm, config(DDP_LAYOUT_ARENA, c.message_size), c.sizes);
+    for (int r = 0; r < c.reps + 3; ++r) {
+      const double ms = iteration_ms(m);
+      if (r >= 3) c.libddp_ms.push_back(ms);
+    }
+    ddp_destroy(m.ddp);
+  }
+  ddp_comm_destroy(comm);
+  if (g_rank == 0) {
+    const bool gloo = std::getenv("BENCH_GLOO") != nullptr;
+    const std::string name = std::string(gloo ? "worldsize_gloo_np" : "worldsize_np") + std::to_string(g_world);
+    FILE* f = open_json(name.c_str());
+    json_head(f, "worldsize");
+    std::fprintf(f, "\"comm\":\"%s\",\"cases\":[", gloo ? "gloo" : "mpi");
+    for (size_t i = 0; i < cases.size(); ++i) {
+      size_t total = 0;
+      for (size_t n : cases[i].sizes) total += n;
+      const double lib = median(cases[i].libddp_ms), floor = median(cases[i].floor_ms);
+      char ratio[32] = "-";  // one rank: the floor moves nothing
+      if (g_world > 1 && floor > 0) std::snprintf(ratio, sizeof ratio, "%.3f", lib / floor);
+      std::printf("| %d | %s | %s | %.3f | %.3f | %s |\n", g_world, gloo ? "gloo" : "mpi", cases[i].name, lib, floor,
+                  ratio);
+      std::fprintf(
+          f, "%s\n{\"case\":\"%s\",\"grads\":%zu,\"bytes\":%zu,\"message_size\":%zu,\"libddp_ms\":%s,\"floor_ms\":%s}",
+          i ? "," : "", cases[i].name, cases[i].sizes.size(), total * 4, cases[i].message_size,
+          json_array(cases[i].libddp_ms).c_str(), json_array(cases[i].floor_ms).c_str());
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -778,7 +867,8 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     if (g_rank == 0)
       std::fprintf(stderr,
-                   "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded|compressed OUTDIR [copy|arena]\n");
+                   "usage: ddp_bench hook|bucketing|overlap|lastready|memory|sharded|compressed|worldsize OUTDIR "
+                   "[copy|arena]\n");
     MPI_Finalize();
     return 2;
   }
@@ -803,6 +893,8 @@ int main(int argc, char** argv) {
     rc = bench_sharded();
   else if (what == "compressed")
     rc = bench_compressed();
+  else if (what == "worldsize")
+    rc = bench_worldsize();
   else if (g_rank == 0)
     std::fprintf(stderr, "unknown benchmark '%s'\n", what.c_str());
   std::fflush(stdout);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make bench: the nine benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json.
+# make bench: the ten benchmarks in turn. Tables go to stdout, raw numbers to OUT/*.json, figures to
+# OUT/figures/*.svg.
 # Usage: bench/run.sh path/to/ddp_bench OUTDIR   (MPIRUN: the launcher up to -np; NP: ranks, 2)
 set -u
 bin=$1; out=$2
@@ -24,6 +25,14 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "$torch_out" | grep -v '^pace '
   pace=$(echo "$torch_out" | sed -n 's/^pace //p')
   run 180 "$NP" "$bin" lastready "$out" $pace
+  # Horovod, the second peer, where it is installed for /usr/bin/python3 (PYTHONPATH may point to it;
+  # docs/performance.md, section 4, says how it was built here).
+  rm -f "$out/lastready_horovod.json"
+  if /usr/bin/python3 -c 'import horovod.torch' 2>/dev/null; then
+    run 300 "$NP" ${PYTHONPATH:+-x PYTHONPATH} /usr/bin/python3 "$here/horovod_bench.py" "$out" "$out/grad_sizes.txt"
+  else
+    echo "4. Horovod not found for /usr/bin/python3 (import horovod.torch failed): libddp against torch DDP only"
+  fi
   /usr/bin/python3 "$here/torch_ddp.py" report "$out" || fail=1
 else
   echo "4. PyTorch not found: /usr/bin/python3 has no torch (apt-get install python3-torch); libddp side only"
@@ -75,6 +84,19 @@ else echo "network: skipped: no example trainer at $trainer"; fi
 step "9. host conversions"
 if [ -x "$(dirname "$bin")/host_loops" ]; then timeout 300 "$(dirname "$bin")/host_loops" "$out" || { echo "bench: host_loops failed"; fail=1; }
 else echo "host conversions: skipped: no $(dirname "$bin")/host_loops"; fi
+# 10. One iteration's cost against the world size, over MPI and over Gloo (more ranks than cores:
+# read the growth, not the times).
+step "10. world size (WORLD_SIZES: ${WORLD_SIZES:-1 2 4 8})"
+echo; echo "| ranks | comm | gradients | libddp ms | MPI_Allreduce floor ms | over the floor |"; echo "|---:|---|---|---:|---:|---:|"
+rm -f "$out"/worldsize_*np*.json
+for n in ${WORLD_SIZES:-1 2 4 8}; do
+  run 120 "$n" "$bin" worldsize "$out"
+  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  BENCH_GLOO="tcp://127.0.0.1:$port" run 120 "$n" -x BENCH_GLOO "$bin" worldsize "$out"
+done
+# The figures (matplotlib), from the JSON above: OUT/figures/*.svg.
+step "figures"
+/usr/bin/python3 "$here/figures.py" "$out" || { echo "bench: figures.py failed"; fail=1; }
 echo
 echo "bench: done in $(( $(date +%s) - start )) s; raw numbers in $out/*.json; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $fail

@@ -22,6 +22,34 @@ import torch.multiprocessing as mp
 REPS = 9
 
 
+class ChainModel(torch.nn.Module):
+    """Parameters of the given sizes and a forward that chains them, so that backward produces the grads
+    from the last parameter to the first, each as one elementwise pass (grad = c). Horovod's bench
+    (bench/horovod_bench.py) runs the same model."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
+
+    def forward(self, c):
+        x = None
+        for p in self.ps:
+            t = (p * c).sum()
+            x = t if x is None else x + t
+        return x
+
+
+def keep_and_check(r, t, tails, steps, model, world):
+    """Iteration r's slowest-rank times t (seconds: the tail, the whole backward) kept past the two
+    warm-ups, in ms; and the first grad checked to be the average of every rank's c = 0.5 + rank + r."""
+    if r >= 2:
+        tails.append(t[0].item() * 1e3)
+        steps.append(t[1].item() * 1e3)
+    want = sum(0.5 + k + r for k in range(world)) / world
+    got = model.ps[0].grad[0].item()
+    assert abs(got - want) < 1e-4, (got, want)
+
+
 def run(rank, world, sizes, port, as_view, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -29,21 +57,7 @@ def run(rank, world, sizes, port, as_view, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in sizes])
-
-        def forward(self, c):
-            # A chain, so that backward produces the grads from the last parameter to the first,
-            # each as one elementwise pass (grad = c).
-            x = None
-            for p in self.ps:
-                t = (p * c).sum()
-                x = t if x is None else x + t
-            return x
-
-    model = Model()
+    model = ChainModel(sizes)
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=as_view)
     stamps = {}
     for i, p in enumerate(model.ps):
@@ -59,12 +73,7 @@ def run(rank, world, sizes, port, as_view, queue):
         t1 = time.perf_counter()
         t = torch.tensor([t1 - max(stamps.values()), t1 - t0], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if r >= 2:
-            tails.append(t[0].item() * 1e3)
-            steps.append(t[1].item() * 1e3)
-        want = sum(0.5 + k + r for k in range(world)) / world
-        got = model.ps[0].grad[0].item()
-        assert abs(got - want) < 1e-4, (got, want)
+        keep_and_check(r, t, tails, steps, model, world)
         for p in model.ps:
             p.grad = None if not as_view else p.grad.zero_()
     if rank == 0:
@@ -135,8 +144,36 @@ def report(out):
     print(f"\ntargets against PyTorch DDP: paced, tail <= 0.80x torch's: worst {worst:.3f} "
           f"{'met' if worst <= 0.80 else 'MISSED'}; as fast as written, whole backward <= torch's: worst "
           f"{worst_whole:.3f} {'met' if worst_whole <= 1.0 else 'MISSED'}")
+    horovod = report_horovod(out, ours)
     with open(os.path.join(out, "pytorch.json"), "w") as f:
-        json.dump({"bench": "pytorch", "torch": theirs, "libddp": ours, "table": table}, f, indent=1)
+        json.dump({"bench": "pytorch", "torch": theirs, "libddp": ours, "table": table, "horovod": horovod}, f,
+                  indent=1)
+
+
+def report_horovod(out, ours):
+    """Horovod's run (bench/horovod_bench.py), against libddp's copy layout (Horovod copies every grad into
+    its fusion buffer): the tail against libddp paced to torch (Horovod's backward is torch's autograd),
+    the whole backward against libddp as fast as written. None when Horovod did not run."""
+    path = os.path.join(out, "lastready_horovod.json")
+    if not os.path.exists(path):
+        return None
+    h = json.load(open(path))
+    run = h["runs"]["Horovod"]
+    med = statistics.median
+    copy = {("paced" if r["pace_ms"] > 0 else "fast"): r for r in ours["runs"] if r["layout"] == "copy"}
+    tail, whole = med(run["tail_ms"]), med(run["step_ms"])
+    paced_tail = med(copy["paced"]["tail_ms"]) if "paced" in copy else med(copy["fast"]["tail_ms"])
+    fast_whole = med(copy["fast"]["step_ms"])
+    print(f"\nagainst Horovod {h['horovod']} (PyTorch frontend, CPU, started by mpirun, {h['controller'].upper()} "
+          f"controller, fusion buffers of {h['fusion_threshold_bytes'] / 2**20:.0f} MiB): the same grads, "
+          f"hvd.DistributedOptimizer's hooks, the time to optimizer.synchronize()\n")
+    print("| Horovod | backward to last ready ms | tail ms | whole backward ms | libddp copy, paced: tail ms "
+          "| ours over theirs (tail) | libddp copy, as fast as written: whole ms | ours over theirs (whole) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| hvd.DistributedOptimizer | {run['ready_ms']:.0f} | {tail:.1f} | {whole:.1f} | {paced_tail:.1f} | "
+          f"{paced_tail / tail:.3f} | {fast_whole:.1f} | {fast_whole / whole:.3f} |")
+    return {"horovod": h, "tail_ms": tail, "whole_ms": whole, "libddp_paced_tail_ms": paced_tail,
+            "tail_ratio": paced_tail / tail, "libddp_fast_whole_ms": fast_whole, "whole_ratio": fast_whole / whole}
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   make demo                 the MLP trainer on DEMO_NP ranks: over MPI; without it, over Gloo; with
 #                             neither, as threads of one process (libddp's local group, nothing to install)
 #   make demo-gpu             the same trainer on the NCCL path (needs CUDA, NCCL and a GPU per rank)
-#   make bench                the nine benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json
+#   make bench                the ten benchmarks; tables on stdout, raw numbers in $(BUILD)/bench/*.json,
+#                             figures (bench/figures.py, matplotlib) in $(BUILD)/bench/figures/*.svg
 #   make bench-network        (root) the compressed wires over an emulated link between two network
 #                             namespaces, shaped to 1 and 10 Gbit/s (bench/netns_wires.sh); also make bench's section 8
 # Knobs: DEMO_NP (2), DEMO_COMM (mpi, gloo, local or self), DEMO_ARGS (extra trainer options, e.g.
@@ -125,3 +126,9 @@ endif
 bench-network: $(DEMO_BIN)
 	$(Q)if [ "$(HAVE_GLOO)" = 1 ]; then bench/netns_wires.sh $(DEMO_BIN) $(BUILD)/bench; \
 	else echo "bench-network: needs the Gloo communicator (libgloo-dev); this build has GLOO=0"; fi
+
+# --- the figures suite: bench/figures.py over recorded make bench JSON (tests/bench/fixtures) ---
+SUITES += figures
+.PHONY: suite-figures
+suite-figures:
+	$(Q)tests/bench/check_figures.sh

@@ -33,7 +33,7 @@ suite-gloo:
 	@echo "gloo: 0 passed, 0 failed, 1 skipped"
 else ifeq ($(SAN),)
 suite-gloo: $(DEMO_BIN) $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
-	$(Q)MPIRUN="$(MPIRUN)" tests/gloo/run.sh $(BUILD) $(DEMO_BIN) $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
+	+$(Q)MPIRUN="$(MPIRUN)" tests/gloo/run.sh $(BUILD) $(DEMO_BIN) $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)
 else
 # A sanitized build: the example trainer is linked without $(SAN) (mk/demo.mk); the rest runs.
 suite-gloo: $(if $(filter 1,$(HAVE_MPI)),$(GLOO_MPI_BINS),)

@@ -103,8 +103,9 @@ fuzz-merge: fuzz-build
 # timeline and demo suites' example trainer is linked without $(SAN) (mk/demo.mk), so they cannot
 # either. The gpusim suite builds its own trees and runs its threaded part under TSan itself. The
 # build suite checks the build system (library variants, flags, pkg-config), which a sanitized build
-# adds nothing to: left out too (4.5 of its 31 minutes on 2 cores).
-SAN_SKIP ?= python rust rust-fresh julia timeline demo install gpusim build
+# adds nothing to: left out too (4.5 of its 31 minutes on 2 cores), as is the figures suite (Python
+# alone, no library).
+SAN_SKIP ?= python rust rust-fresh julia timeline demo install gpusim build figures
 # Open MPI unloads its plugins at MPI_Finalize, so what they keep until exit shows up as leaks from
 # "<unknown module>" that no suppression can name: ranks under mpirun check memory errors and UB,
 # not leaks. Leaks are checked by every suite without MPI (fuzz, threads, unit).
@@ -114,13 +115,14 @@ SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNIN
 test-sanitize:
 	$(Q)rc=0; \
 	echo "=== ASan+UBSan: $(filter-out $(SAN_SKIP),$(SUITES))"; \
-	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined lib || rc=1; \
+	j=$$(case " $$MAKEFLAGS " in *jobserver*) ;; *) echo -j$$(nproc);; esac); \
+	$(MAKE) --no-print-directory $$j BUILD=$(BUILD)/asan SANITIZE=address,undefined lib || rc=1; \
 	MPIRUN="$(SAN_MPIRUN)" BUILD=$(BUILD)/asan tests/run_suites.sh \
 	  "$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SANITIZE=address,undefined" \
 	  $(filter-out $(SAN_SKIP),$(SUITES)) || rc=1; \
 	if grep -lE '$(SAN_REPORT)' $(BUILD)/asan/logs/*.log; then echo "test-sanitize: ASan/UBSan reports above"; rc=1; fi; \
 	echo "=== TSan: $(filter $(TSAN_SUITES),$(SUITES))"; \
-	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread lib || rc=1; \
+	$(MAKE) --no-print-directory $$j BUILD=$(BUILD)/tsan SANITIZE=thread lib || rc=1; \
 	BUILD=$(BUILD)/tsan tests/run_suites.sh "$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SANITIZE=thread" \
 	  $(filter $(TSAN_SUITES),$(SUITES)) || rc=1; \
 	if grep -lE '$(SAN_REPORT)' $(BUILD)/tsan/logs/*.log; then echo "test-sanitize: TSan reports above"; rc=1; fi; \
