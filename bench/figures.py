@@ -9,6 +9,8 @@
                  grads marked ready), and the step of each run against compute + the last reduce
   worldsize.svg  section 10: one iteration's cost against the world size, libddp over MPI and over Gloo
                  against the MPI_Allreduce floor, tiny grads and 16 MB
+  hook.svg, bucketing.svg, peers.svg, memory.svg, sharded.svg, compressed.svg, conversions.svg:
+                 sections 1, 2, 4, 5, 6, 7 and 9, each the numbers of its table as bars
 
 A figure whose section left no JSON (section 8 needs root) is skipped with a line saying so. Needs
 matplotlib (Debian: python3-matplotlib); without it, says so and exits 0.
@@ -209,6 +211,131 @@ def figure_worldsize(plt, out, figdir):
     return f"worldsize.svg: {len(cases)} gradient sets at {', '.join(map(str, worlds))} ranks"
 
 
+def bars(plt, figdir, name, title, labels, series, xlabel, ref=None, ref_label=None):
+    """One horizontal bar chart: `series` is [(legend, values)], a value per label; `ref` an x drawn as
+    a dashed line (a floor or a target)."""
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(labels) * max(1, len(series)) + 1.6))
+    height = 0.8 / len(series)
+    for k, (legend, values) in enumerate(series):
+        ys = [i + k * height for i in range(len(labels))]
+        ax.barh(ys, values, height=height, label=legend)
+    ax.set_yticks([i + height * (len(series) - 1) / 2 for i in range(len(labels))])
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    if ref is not None:
+        ax.axvline(ref, color="black", linestyle="--", linewidth=1, label=ref_label)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    if len(series) > 1 or ref is not None:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, figdir, name)
+    plt.close(fig)
+
+
+def need(out, name, section):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"skipped: no {name} ({section})")
+    return load(path)
+
+
+def figure_hook(plt, out, figdir):
+    d = need(out, "hook.json", "section 1")
+    fills = d["fill_ns_per_iteration"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.hist(fills, bins=40, color="tab:blue")
+    ax.axvline(100, color="black", linestyle="--", linewidth=1, label="target: 100 ns")
+    ax.axvline(statistics.median(fills), color="tab:red", linewidth=1, label=f"median {statistics.median(fills):.1f} ns")
+    ax.set_xlabel("ns per ddp_grad_ready that only fills its slot (mean of each iteration's calls)", fontsize=8)
+    ax.set_ylabel("iterations")
+    ax.set_title("hook: the cost of marking a grad ready", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, figdir, "hook")
+    plt.close(fig)
+    return f"hook.svg: {len(fills)} iterations, median {statistics.median(fills):.1f} ns"
+
+
+def figure_bucketing(plt, out, figdir):
+    d = need(out, "bucketing.json", "section 2")
+    floor = statistics.median(d["flat_pieces_4mb_ms"])
+    labels = ["MPI_Allreduce, whole (by hand)", "MPI_Allreduce in 4 MB pieces (the floor)"]
+    values = [statistics.median(d["flat_allreduce_ms"]), floor]
+    for r in d["runs"]:
+        labels.append(f"libddp {r['layout']}, message_size {r['message_size'] / 1e6:g}M ({r['buckets']} buckets)")
+        values.append(statistics.median(r["ms"]))
+    bars(plt, figdir, "bucketing", f"bucketing: {d['grads']} grads, {d['numel'] * 4 / 1e6:.0f} MB of f32, "
+         f"{d['world']} ranks", labels, [("median ms", values)], "median ms per iteration (slowest rank)", floor,
+         "the floor")
+    return f"bucketing.svg: {len(d['runs'])} libddp runs against the floor ({floor:.1f} ms)"
+
+
+def figure_peers(plt, out, figdir):
+    d = need(out, "pytorch.json", "section 4")
+    labels, tails, wholes = [], [], []
+    for row in d["table"]:
+        labels.append(f"libddp {row['libddp']}")
+        tails.append(row["ours_tail_ms"])
+        wholes.append(row["ours_whole_ms"])
+    for name in ("torch DDP", "torch DDP gradient_as_bucket_view"):
+        run = d["torch"]["runs"][name]
+        labels.append(name)
+        tails.append(statistics.median(run["tail_ms"]))
+        wholes.append(statistics.median(run["step_ms"]))
+    if d.get("horovod"):
+        labels.append(f"Horovod {d['horovod']['horovod']['horovod']}")
+        tails.append(d["horovod"]["tail_ms"])
+        wholes.append(d["horovod"]["whole_ms"])
+    bars(plt, figdir, "peers", "against PyTorch DDP and Horovod: the same 292 grads, 2 ranks, 25 MB buckets", labels,
+         [("tail: last grad ready to all reduced", tails), ("whole backward", wholes)], "median ms (slowest rank)")
+    return f"peers.svg: {len(labels)} runs" + (", Horovod included" if d.get("horovod") else ", no Horovod")
+
+
+def figure_memory(plt, out, figdir):
+    d = need(out, "memory.json", "section 5")
+    rows = d["runs"]
+    g = rows[0]["grad_bytes"]
+    labels = [r["layout"] for r in rows]
+    bars(plt, figdir, "memory", f"memory beyond the grads ({g / 1e6:.0f} MB of f32 grads), over the grads' bytes",
+         labels, [("library_bytes beyond the grads", [r["library_beyond_grads"] / g for r in rows]),
+                  ("peak RSS beyond the grads", [r["peak_rss_beyond_grads"] / g for r in rows])],
+         "x the grads' bytes")
+    return "memory.svg: " + ", ".join(r["layout"] for r in rows)
+
+
+def figure_sharded(plt, out, figdir):
+    d = need(out, "sharded.json", "section 6")
+    med = statistics.median
+    labels = ["allreduce path", "reduce-scatter", "all-gather", "reduce-scatter + all-gather"]
+    values = [med(d["allreduce_ms"]), med(d["reduce_scatter_ms"]), med(d["all_gather_ms"]),
+              med(d["reduce_scatter_ms"]) + med(d["all_gather_ms"])]
+    bars(plt, figdir, "sharded", f"sharded: {d['numel'] * 4 / 1e6:.0f} MB of grads, {d['world']} ranks", labels,
+         [("median ms", values)], "median ms (slowest rank)", values[0], "the allreduce path")
+    return f"sharded.svg: reduce-scatter + all-gather {values[3] / values[0]:.3f}x the allreduce path"
+
+
+def figure_compressed(plt, out, figdir):
+    d = need(out, "compressed.json", "section 7")
+    base = {r["layout"]: statistics.median(r["ms"]) for r in d["runs"] if r["wire"].startswith("fp32")}
+    labels = [f"{r['layout']}, {r['wire']}" for r in d["runs"]]
+    values = [statistics.median(r["ms"]) / base[r["layout"]] for r in d["runs"]]
+    bars(plt, figdir, "compressed", f"compressed wires on one host: {d['numel'] * 4 / 1e6:.0f} MB of grads, "
+         f"{d['world']} ranks, over the fp32 path", labels, [("step over fp32's", values)], "x the fp32 path", 1.0,
+         "fp32")
+    return f"compressed.svg: {len(labels)} runs"
+
+
+def figure_conversions(plt, out, figdir):
+    d = need(out, "host_loops.json", "section 9")
+    labels = [r["pass"] for r in d["runs"]]
+    bars(plt, figdir, "conversions", f"host conversions: {d['elements'] / 2**20:.0f}M elements a pass, over a memcpy "
+         "of the same bytes", labels, [("default path (SIMD)", [r["default_ms"] / r["memcpy_ms"] for r in d["runs"]]),
+                                       ("portable path", [r["portable_ms"] / r["memcpy_ms"] for r in d["runs"]])],
+         "x memcpy", 1.3, "target: 1.3x")
+    return f"conversions.svg: {len(labels)} passes"
+
+
 def main(argv):
     if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] not in ("svg", "png")):
         print("usage: " + __doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -228,10 +355,13 @@ def main(argv):
     figdir = os.path.join(out, "figures")
     os.makedirs(figdir, exist_ok=True)
     failed = 0
-    for draw in (figure_wires, figure_overlap, figure_worldsize):
+    for draw in (figure_hook, figure_bucketing, figure_overlap, figure_peers, figure_memory, figure_sharded,
+                 figure_compressed, figure_wires, figure_conversions, figure_worldsize):
         try:
-            print(draw(plt, out, figdir))
-        except (KeyError, ValueError, IndexError, json.JSONDecodeError) as e:
+            print(draw(plt, out, figdir).replace(".svg:", f".{EXT}:", 1))
+        except FileNotFoundError as e:
+            print(f"{draw.__name__[len('figure_'):]}.svg: {e}")
+        except (KeyError, ValueError, IndexError, ZeroDivisionError, json.JSONDecodeError) as e:
             print(f"{draw.__name__}: failed on the JSON in {out}: {type(e).__name__}: {e}")
             failed = 1
     return failed
