@@ -21,6 +21,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 
 EXT = "svg"  # the figures' format: main's second argument
 
@@ -214,7 +215,8 @@ def figure_worldsize(plt, out, figdir):
 def bars(plt, figdir, name, title, labels, series, xlabel, ref=None, ref_label=None):
     """One horizontal bar chart: `series` is [(legend, values)], a value per label; `ref` an x drawn as
     a dashed line (a floor or a target)."""
-    fig, ax = plt.subplots(figsize=(8, 0.3 * len(labels) * max(1, len(series)) + 1.6))
+    labels = [textwrap.fill(label, 40) for label in labels]  # long labels wrap rather than squeeze the bars
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(labels) * max(1, len(series)) + 1.6))
     height = 0.8 / len(series)
     for k, (legend, values) in enumerate(series):
         ys = [i + k * height for i in range(len(labels))]
